@@ -1,0 +1,1 @@
+"""Evaluation tasks on real data, scorers, the depth-sweep runner and benchmarks."""

@@ -1,0 +1,1 @@
+"""Bookkeeping for RLM runs: stages, the budget accountant, the journal, replay."""

@@ -1,0 +1,509 @@
+"""Budget caps and the accountant that admits or refuses every model call.
+
+One :class:`Accountant` per run tree, in the host, behind one lock. Every model call is
+*reserved* before it is sent (its counted prompt tokens plus its output cap, priced from the
+:class:`~harness.prices.PriceTable`) and *settled* with the provider's reported usage afterwards,
+or *released* if the call never produced usage. A reservation that would take settled spend plus
+outstanding reservations past any cap is refused with
+:class:`~harness.errors.BudgetExceeded` and the call is never sent, so spend stays within the caps
+however many threads reserve at once.
+
+Why that bound holds, and where it stops: a settled call is charged ``prompt_tokens *
+input_price + completion_tokens * output_price``. Since the provider stops at the output cap,
+``completion_tokens <= max_output_tokens``, and as long as the caller's prompt count is not below
+the provider's, each settlement is at most its reservation; the admission check already counted
+the reservation, so settled spend never passes a cap. If a provider reports more than was reserved
+(more prompt tokens than the caller counted, a reported cost above the price table's, output past
+the cap), the accountant charges what was reported (spend must be true), logs a warning and
+records the event in :meth:`Accountant.overruns`; the caps then hold only up to that misreport.
+Callers should count prompt tokens generously (include the chat template overhead).
+
+Costs are kept internally as integer pico-USD (1e-12 USD), so sums are exact and order
+independent: no floating-point drift can admit a call past a cost cap. Prices are rounded to
+1e-12 USD per token (i.e. to 1e-6 USD per million tokens).
+
+Replayed calls cost nothing and count nothing: the caller does not reserve them.
+
+This module is pure standard library and imports nothing from ``rlm`` or ``kernels``.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from decimal import Decimal
+from typing import Any, Callable, Iterable, Mapping
+
+from harness.errors import BudgetExceeded, HarnessError
+from harness.prices import PriceTable, UnknownPrice
+
+__all__ = ["Budget", "Accountant", "Reservation", "ReservationError", "PUSD_PER_USD"]
+
+log = logging.getLogger(__name__)
+
+#: pico-USD per USD: the accountant's internal cost unit is 1e-12 USD.
+PUSD_PER_USD = 10 ** 12
+
+
+def _usd_to_pusd_floor(usd: float) -> int:
+    """Largest integer pico-USD not above the decimal value ``repr(usd)`` (for caps)."""
+    return int((Decimal(repr(float(usd))) * PUSD_PER_USD).to_integral_value(rounding="ROUND_FLOOR"))
+
+
+@dataclass
+class Budget:
+    """Caps for one run tree. ``None`` means "no cap".
+
+    Attributes:
+        max_cost_usd: total cost cap (float, USD).
+        max_tokens: total prompt + completion tokens cap (int, tokens).
+        max_calls: total model calls cap (int, calls).
+        max_wall_seconds: wall-clock cap from the accountant's start (float, seconds).
+        max_iterations: iterations per loop, root or child (int >= 1, default 20).
+        max_depth: kernel-bearing levels (int >= 0, default 1): ``rlm(...)`` at level L starts a
+            child kernel when ``L + 1 < max_depth``, else is a plain completion; at 0 the root
+            may make no sub-calls at all.
+        max_children_per_call: children one call may start (int >= 0 | None).
+        max_concurrency: model calls in flight at once (int >= 1, default 8).
+
+    Raises:
+        ValueError: a negative, non-finite or wrongly typed value (message names the field).
+    """
+
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    max_calls: int | None = None
+    max_wall_seconds: float | None = None
+    max_iterations: int = 20
+    max_depth: int = 1
+    max_children_per_call: int | None = None
+    max_concurrency: int = 8
+
+    _INTS = ("max_tokens", "max_calls", "max_iterations", "max_depth",
+             "max_children_per_call", "max_concurrency")
+    _OPTIONAL = ("max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
+                 "max_children_per_call")
+    _MIN_ONE = ("max_iterations", "max_concurrency")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            name, v = f.name, getattr(self, f.name)
+            if v is None:
+                if name in self._OPTIONAL:
+                    continue
+                raise ValueError(f"Budget.{name} may not be None")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"Budget.{name} must be a number, got {v!r}")
+            if name in self._INTS and not isinstance(v, int):
+                if float(v).is_integer():
+                    v = int(v)
+                    setattr(self, name, v)
+                else:
+                    raise ValueError(f"Budget.{name} must be a whole number, got {v!r}")
+            if not math.isfinite(v):
+                raise ValueError(f"Budget.{name} must be finite, got {v!r}")
+            if v < 0:
+                raise ValueError(f"Budget.{name} must be >= 0, got {v!r}")
+            if name in self._MIN_ONE and v < 1:
+                raise ValueError(f"Budget.{name} must be >= 1, got {v!r}")
+
+    @property
+    def subcalls_allowed(self) -> bool:
+        """``True`` if the root may call ``llm_query``/``rlm`` at all (``max_depth >= 1``)."""
+        return self.max_depth >= 1
+
+    def child_gets_kernel(self, level: int) -> bool:
+        """For ``rlm(...)`` called at ``level`` (int): ``True`` if it starts a child with its own
+        kernel (``level + 1 < max_depth``), ``False`` if it becomes a plain completion."""
+        return level + 1 < self.max_depth
+
+    def to_dict(self) -> dict:
+        """All caps as a JSON-able dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Budget":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        known = {f.name for f in fields(cls)}
+        extra = set(d) - known
+        if extra:
+            raise ValueError(f"unknown Budget field(s) {sorted(extra)}")
+        return cls(**dict(d))
+
+
+class ReservationError(HarnessError):
+    """A reservation was settled or released twice, or handed to the wrong accountant."""
+
+
+class Reservation:
+    """Room held for one model call between :meth:`Accountant.reserve` and
+    :meth:`Accountant.settle` / :meth:`Accountant.release`.
+
+    Attributes:
+        id: sequence number within the accountant (int).
+        model: model name (str). stage_id: stage the call belongs to (str | None).
+        prompt_tokens, max_output_tokens: as passed to ``reserve`` (int, tokens).
+        tokens: reserved tokens, ``prompt_tokens + max_output_tokens`` (int).
+        cost_usd: reserved cost (float, USD; 0 for an unpriced model without a cost cap).
+        state: ``"outstanding"``, ``"settled"`` or ``"released"``.
+        charged_usd: cost charged by ``settle`` (float, USD | None).
+    """
+
+    __slots__ = ("id", "model", "stage_id", "prompt_tokens", "max_output_tokens", "tokens",
+                 "cost_pusd", "state", "charged_usd", "_owner", "_pin", "_pout")
+
+    def __init__(self, id: int, model: str, stage_id: str | None, prompt_tokens: int,
+                 max_output_tokens: int, cost_pusd: int, owner: "Accountant",
+                 pin: int | None, pout: int | None) -> None:
+        self.id = id
+        self.model = model
+        self.stage_id = stage_id
+        self.prompt_tokens = prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.tokens = prompt_tokens + max_output_tokens
+        self.cost_pusd = cost_pusd
+        self.state = "outstanding"
+        self.charged_usd: float | None = None
+        self._owner = owner
+        self._pin = pin
+        self._pout = pout
+
+    @property
+    def cost_usd(self) -> float:
+        """Reserved cost (float, USD)."""
+        return self.cost_pusd / PUSD_PER_USD
+
+    def to_dict(self) -> dict:
+        """JSON-able summary."""
+        return {"id": self.id, "model": self.model, "stage_id": self.stage_id,
+                "prompt_tokens": self.prompt_tokens, "max_output_tokens": self.max_output_tokens,
+                "tokens": self.tokens, "cost_usd": self.cost_usd, "state": self.state,
+                "charged_usd": self.charged_usd}
+
+    def __repr__(self) -> str:
+        return (f"Reservation(id={self.id}, model={self.model!r}, stage_id={self.stage_id!r}, "
+                f"tokens={self.tokens}, cost_usd={self.cost_usd:.6g}, state={self.state!r})")
+
+
+class Accountant:
+    """Admits or refuses model calls against a :class:`Budget`; one per run tree; thread-safe.
+
+    Args:
+        budget: the caps (:class:`Budget`).
+        prices: model prices (:class:`~harness.prices.PriceTable`); the built-in table if
+            ``None``.
+        clock: monotonic clock in seconds (float) for the wall cap; ``time.monotonic`` by
+            default. Time zero is construction, or the last :meth:`start`.
+
+    Attributes:
+        concurrency: a ``threading.BoundedSemaphore(budget.max_concurrency)``; hold it
+            (``with acct.concurrency:``) around each model call in flight.
+    """
+
+    def __init__(self, budget: Budget, prices: PriceTable | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self.prices = prices if prices is not None else PriceTable()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._t0 = clock()
+        # caps in internal units
+        self._cap_calls = budget.max_calls
+        self._cap_tokens = budget.max_tokens
+        self._cap_pusd = (None if budget.max_cost_usd is None
+                          else _usd_to_pusd_floor(budget.max_cost_usd))
+        self._cap_wall = budget.max_wall_seconds
+        # settled
+        self._prompt = 0
+        self._completion = 0
+        self._calls = 0
+        self._pusd = 0
+        # outstanding
+        self._o_calls = 0
+        self._o_tokens = 0
+        self._o_pusd = 0
+        self._outstanding: dict[int, Reservation] = {}
+        self._refusals: dict[str, int] = {}
+        self._overruns: list[dict] = []
+        self._unpriced: set[str] = set()
+        self.concurrency = threading.BoundedSemaphore(budget.max_concurrency)
+
+    # ------------------------------------------------------------------ setup / wall clock
+
+    def start(self) -> None:
+        """Mark time zero for the wall cap (now, by the accountant's clock)."""
+        with self._lock:
+            self._t0 = self._clock()
+
+    def elapsed(self) -> float:
+        """Seconds since time zero (float)."""
+        return self._clock() - self._t0
+
+    def wall_remaining(self) -> float | None:
+        """Seconds left before the wall cap (float >= 0), ``None`` without a wall cap."""
+        if self._cap_wall is None:
+            return None
+        return max(self._cap_wall - self.elapsed(), 0.0)
+
+    def check_wall(self) -> None:
+        """Raise ``BudgetExceeded("wall", limit_s, elapsed_s)`` once elapsed > the wall cap."""
+        if self._cap_wall is not None:
+            el = self.elapsed()
+            if el > self._cap_wall:
+                self._refuse("wall")
+                raise BudgetExceeded("wall", self._cap_wall, el, 0.0)
+
+    def check_prices(self, models: Iterable[str]) -> None:
+        """Fail fast at run start: with a cost cap set, every model must have a price.
+
+        Args:
+            models: model names the run may call (root model, sub-call model, ...).
+
+        Raises:
+            UnknownPrice: naming every unpriced model and how to add a price file.
+        """
+        missing = [m for m in models if self.prices.lookup(m) is None]
+        if missing and self._cap_pusd is not None:
+            raise UnknownPrice(missing)
+        self._unpriced.update(missing)
+
+    # ------------------------------------------------------------------ reserve / settle
+
+    def reserve(self, model: str, prompt_tokens: int, max_output_tokens: int,
+                stage_id: str | None = None) -> Reservation:
+        """Admit one model call, holding room for its worst case, or refuse it.
+
+        Args:
+            model: model name (str), priced through the price table.
+            prompt_tokens: counted input tokens (int >= 0; count with tiktoken beforehand).
+            max_output_tokens: the call's output cap (int >= 0) as sent to the provider.
+            stage_id: the stage making the call (str | None), for reports.
+
+        Reserves 1 call, ``prompt_tokens + max_output_tokens`` tokens and their price in USD.
+
+        Returns:
+            A :class:`Reservation` to :meth:`settle` or :meth:`release` exactly once.
+
+        Raises:
+            BudgetExceeded: with ``cap`` ``"calls"``, ``"tokens"``, ``"cost"`` or ``"wall"``
+                (checked in that order) if settled + outstanding + this request would exceed it.
+                Nothing is recorded.
+            UnknownPrice: a cost cap is set and ``model`` has no price.
+            ValueError: negative token counts.
+        """
+        if prompt_tokens < 0 or max_output_tokens < 0:
+            raise ValueError(f"token counts must be >= 0, got prompt_tokens={prompt_tokens}, "
+                             f"max_output_tokens={max_output_tokens}")
+        price = self.prices.lookup(model)
+        if price is None:
+            if self._cap_pusd is not None:
+                raise UnknownPrice([model])
+            pin = pout = None
+            cost = 0
+        else:
+            pin = round(price.usd_per_mtok_input * 1_000_000)
+            pout = round(price.usd_per_mtok_output * 1_000_000)
+            cost = pin * prompt_tokens + pout * max_output_tokens
+        tokens = prompt_tokens + max_output_tokens
+        with self._lock:
+            if self._cap_calls is not None:
+                used = self._calls + self._o_calls
+                if used + 1 > self._cap_calls:
+                    self._refusals["calls"] = self._refusals.get("calls", 0) + 1
+                    raise BudgetExceeded("calls", self._cap_calls, used, 1)
+            if self._cap_tokens is not None:
+                used = self._prompt + self._completion + self._o_tokens
+                if used + tokens > self._cap_tokens:
+                    self._refusals["tokens"] = self._refusals.get("tokens", 0) + 1
+                    raise BudgetExceeded("tokens", self._cap_tokens, used, tokens)
+            if self._cap_pusd is not None:
+                used = self._pusd + self._o_pusd
+                if used + cost > self._cap_pusd:
+                    self._refusals["cost"] = self._refusals.get("cost", 0) + 1
+                    raise BudgetExceeded("cost", self.budget.max_cost_usd,
+                                         used / PUSD_PER_USD, cost / PUSD_PER_USD)
+            if self._cap_wall is not None:
+                el = self._clock() - self._t0
+                if el > self._cap_wall:
+                    self._refusals["wall"] = self._refusals.get("wall", 0) + 1
+                    raise BudgetExceeded("wall", self._cap_wall, el, 0.0)
+            r = Reservation(next(self._ids), model, stage_id, prompt_tokens, max_output_tokens,
+                            cost, self, pin, pout)
+            self._o_calls += 1
+            self._o_tokens += tokens
+            self._o_pusd += cost
+            self._outstanding[r.id] = r
+            if pin is None:
+                self._unpriced.add(model)
+            return r
+
+    def _take(self, r: Reservation, action: str) -> None:
+        """Drop an outstanding reservation's hold. Lock held."""
+        if r._owner is not self:
+            raise ReservationError(f"{r!r} belongs to another accountant")
+        if r.state != "outstanding":
+            raise ReservationError(f"cannot {action} {r!r}: it is already {r.state}")
+        del self._outstanding[r.id]
+        self._o_calls -= 1
+        self._o_tokens -= r.tokens
+        self._o_pusd -= r.cost_pusd
+
+    def settle(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
+               reported_cost_usd: float | None = None) -> float:
+        """Replace a reservation by the call's actual usage.
+
+        Args:
+            reservation: from :meth:`reserve`, still outstanding.
+            prompt_tokens, completion_tokens: usage reported by the provider (int, tokens).
+            reported_cost_usd: cost reported by the provider (float, USD), if any; it takes
+                precedence over the price table.
+
+        Returns:
+            The cost charged (float, USD).
+
+        Raises:
+            ReservationError: the reservation was already settled or released (nothing changes).
+
+        If the actual usage exceeds the reservation it is still charged in full, logged and
+        recorded in :meth:`overruns` (see the module docstring).
+        """
+        if prompt_tokens < 0 or completion_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        if reported_cost_usd is not None:
+            if not math.isfinite(reported_cost_usd) or reported_cost_usd < 0:
+                raise ValueError(f"reported_cost_usd must be a finite number >= 0, "
+                                 f"got {reported_cost_usd!r}")
+            charged = round(reported_cost_usd * PUSD_PER_USD)
+        elif reservation._pin is not None:
+            charged = reservation._pin * prompt_tokens + reservation._pout * completion_tokens
+        else:
+            charged = 0
+        tokens = prompt_tokens + completion_tokens
+        with self._lock:
+            self._take(reservation, "settle")
+            reservation.state = "settled"
+            self._prompt += prompt_tokens
+            self._completion += completion_tokens
+            self._calls += 1
+            self._pusd += charged
+            usd = charged / PUSD_PER_USD
+            reservation.charged_usd = usd
+            cost_over = charged > reservation.cost_pusd and (
+                reservation._pin is not None or self._cap_pusd is not None)
+            if tokens > reservation.tokens or cost_over:
+                note = {"reservation": reservation.id, "model": reservation.model,
+                        "stage_id": reservation.stage_id,
+                        "reserved_tokens": reservation.tokens, "actual_tokens": tokens,
+                        "reserved_cost_usd": reservation.cost_usd, "charged_cost_usd": usd}
+                self._overruns.append(note)
+                log.warning("provider reported more than was reserved; charged in full, caps "
+                            "hold only up to this misreport: %s", note)
+            return usd
+
+    def release(self, reservation: Reservation) -> None:
+        """Drop a reservation without charging (the call was never sent, or failed before the
+        provider produced usage).
+
+        Raises:
+            ReservationError: the reservation was already settled or released.
+        """
+        with self._lock:
+            self._take(reservation, "release")
+            reservation.state = "released"
+
+    # ------------------------------------------------------------------ other caps
+
+    def check_iterations(self, done: int) -> None:
+        """Before starting another loop iteration, ``done`` (int) having run in this loop.
+
+        Raises:
+            BudgetExceeded: ``cap="iterations"`` when ``done >= max_iterations``.
+        """
+        if done >= self.budget.max_iterations:
+            self._refuse("iterations")
+            raise BudgetExceeded("iterations", self.budget.max_iterations, done, 1)
+
+    def check_subcall(self, level: int) -> None:
+        """Before ``llm_query``/``rlm`` from a loop at ``level`` (int).
+
+        Raises:
+            BudgetExceeded: ``cap="depth"`` when ``level >= max_depth`` (e.g. any sub-call
+                with ``max_depth=0``).
+        """
+        if level >= self.budget.max_depth:
+            self._refuse("depth")
+            raise BudgetExceeded(
+                "depth", self.budget.max_depth, level, 1,
+                message=f"sub-calls are not allowed at level {level} with max_depth="
+                        f"{self.budget.max_depth}")
+
+    def check_children(self, started: int, requested: int = 1) -> None:
+        """Before starting ``requested`` (int) more children from one call that has already
+        started ``started`` (int).
+
+        Raises:
+            BudgetExceeded: ``cap="children"`` when ``started + requested`` would exceed
+                ``max_children_per_call``.
+        """
+        cap = self.budget.max_children_per_call
+        if cap is not None and started + requested > cap:
+            self._refuse("children")
+            raise BudgetExceeded("children", cap, started, requested)
+
+    def _refuse(self, cap: str) -> None:
+        with self._lock:
+            self._refusals[cap] = self._refusals.get(cap, 0) + 1
+
+    # ------------------------------------------------------------------ reports
+
+    def totals(self) -> dict:
+        """Settled usage: ``{prompt_tokens, completion_tokens, total_tokens, calls,
+        cost_usd}`` (ints, cost float USD)."""
+        with self._lock:
+            return {"prompt_tokens": self._prompt, "completion_tokens": self._completion,
+                    "total_tokens": self._prompt + self._completion, "calls": self._calls,
+                    "cost_usd": self._pusd / PUSD_PER_USD}
+
+    def outstanding(self) -> dict:
+        """Held by unsettled reservations: ``{reservations, calls, tokens, cost_usd}``."""
+        with self._lock:
+            return {"reservations": len(self._outstanding), "calls": self._o_calls,
+                    "tokens": self._o_tokens, "cost_usd": self._o_pusd / PUSD_PER_USD}
+
+    def outstanding_reservations(self) -> list[Reservation]:
+        """The unsettled reservations, oldest first."""
+        with self._lock:
+            return list(self._outstanding.values())
+
+    def remaining(self) -> dict:
+        """Room left per cap (settled and outstanding both count), ``None`` where uncapped:
+        ``{calls, tokens, cost_usd, wall_seconds}``."""
+        with self._lock:
+            calls = (None if self._cap_calls is None
+                     else max(self._cap_calls - self._calls - self._o_calls, 0))
+            tokens = (None if self._cap_tokens is None else
+                      max(self._cap_tokens - self._prompt - self._completion - self._o_tokens, 0))
+            cost = (None if self._cap_pusd is None else
+                    max(self._cap_pusd - self._pusd - self._o_pusd, 0) / PUSD_PER_USD)
+        return {"calls": calls, "tokens": tokens, "cost_usd": cost,
+                "wall_seconds": self.wall_remaining()}
+
+    def refusals(self) -> dict[str, int]:
+        """Number of refusals per cap name."""
+        with self._lock:
+            return dict(self._refusals)
+
+    def overruns(self) -> list[dict]:
+        """Settlements that charged more than their reservation (provider misreports)."""
+        with self._lock:
+            return [dict(o) for o in self._overruns]
+
+    def unpriced_models(self) -> set[str]:
+        """Models used or checked without a price (their cost counts as 0 unless the provider
+        reported one)."""
+        with self._lock:
+            return set(self._unpriced)

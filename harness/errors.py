@@ -1,0 +1,41 @@
+"""Errors of the bookkeeping layer. ``harness`` imports nothing from ``rlm`` or ``kernels``."""
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base class of bookkeeping errors."""
+
+    exit_code = 1
+
+
+class IllegalTransition(HarnessError):
+    """A stage transition not in the table, or whose expected prior status did not match.
+
+    Raised before anything changes: the stage and the journal are left as they were.
+    """
+
+
+class BudgetExceeded(HarnessError):
+    """A call was refused (never sent) because it would break a budget cap.
+
+    Attributes:
+        cap: which cap: ``"cost"`` (USD), ``"tokens"``, ``"calls"``, ``"wall"`` (seconds),
+            ``"iterations"``, ``"depth"``, ``"children"``.
+        limit: the cap's value, in its unit.
+        used: settled spend so far plus outstanding reservations, in the cap's unit.
+        requested: what this call would have reserved, in the cap's unit.
+        remaining: ``max(limit - used, 0)``.
+    """
+
+    exit_code = 5
+
+    def __init__(self, cap: str, limit: float, used: float, requested: float = 0.0,
+                 message: str | None = None) -> None:
+        self.cap = cap
+        self.limit = limit
+        self.used = used
+        self.requested = requested
+        self.remaining = max(limit - used, 0)
+        super().__init__(message or (
+            f"budget cap '{cap}' would be exceeded: limit {limit:g}, used {used:g}, "
+            f"this call needs {requested:g}, remaining {self.remaining:g}"))

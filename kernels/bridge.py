@@ -1,0 +1,208 @@
+"""The host end of the kernel-to-host bridge: an authenticated Unix-socket server.
+
+Each kernel is registered with a fresh random token and the process id of the
+kernel. A request is served only if its token is registered *and* the process
+on the other end of the socket (``SO_PEERCRED``) is that kernel or one of its
+descendants, so a token read out of another kernel is useless. The handler sees
+the :class:`Registration` (the host's record: which stage, which level), never
+anything the kernel claims about itself.
+
+The socket lives in a private directory (mode 0700) removed on :meth:`close`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+
+
+@dataclass
+class Registration:
+    """The host's record of one kernel: what it may do is decided from this alone.
+
+    Attributes:
+        token: the kernel's secret (hex str).
+        pid: the kernel's process id; updated when the kernel is restarted.
+        owner: the host object serving this kernel's calls (an RLM loop instance).
+    """
+
+    token: str
+    pid: int
+    owner: Any
+    extra: dict = field(default_factory=dict)
+
+
+class BridgeError(Exception):
+    """Raised by a handler to send a typed error back to the kernel.
+
+    ``type`` names the in-kernel exception class (``BudgetExceeded``,
+    ``ChildRLMError``, ``DepthError``, ``SubcallError``); ``attrs`` its fields.
+    """
+
+    def __init__(self, type_: str, message: str, **attrs: Any) -> None:
+        super().__init__(message)
+        self.type = type_
+        self.attrs = attrs
+
+    def to_wire(self) -> dict:
+        return {"type": self.type, "message": str(self), **self.attrs}
+
+
+Handler = Callable[[Registration, str, dict], Any]
+
+
+def _ancestors(pid: int, stop: int, limit: int = 16) -> bool:
+    """True if ``stop`` is ``pid`` or one of its ancestors (reads /proc)."""
+    for _ in range(limit):
+        if pid == stop:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+            pid = int(data[data.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+class BridgeServer:
+    """Serves kernel requests on a Unix socket, one thread per connection.
+
+    Args:
+        handler: ``handler(registration, op, args) -> JSON-able value``; raise
+            :class:`BridgeError` for a typed error in the kernel. Any other
+            exception becomes a ``SubcallError`` with its message.
+
+    Attributes:
+        path: filesystem path of the socket (str).
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._dir = tempfile.mkdtemp(prefix="rlm-bridge-")
+        os.chmod(self._dir, 0o700)
+        self.path = os.path.join(self._dir, "b.sock")
+        self._regs: dict[str, Registration] = {}
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.path)
+        self._sock.listen(128)
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept_loop, name="rlm-bridge", daemon=True)
+        self._thread.start()
+
+    # registrations -----------------------------------------------------
+    def register(self, pid: int, owner: Any, **extra: Any) -> Registration:
+        """Create a new secret token for the kernel process ``pid``, served by ``owner``."""
+        reg = Registration(token=secrets.token_hex(16), pid=pid, owner=owner, extra=extra)
+        with self._lock:
+            self._regs[reg.token] = reg
+        return reg
+
+    def update_pid(self, token: str, pid: int) -> None:
+        """The kernel was restarted: only the new process may use ``token`` from now on."""
+        with self._lock:
+            self._regs[token].pid = pid
+
+    def unregister(self, token: str) -> None:
+        """Revoke ``token``: later requests with it are refused."""
+        with self._lock:
+            self._regs.pop(token, None)
+
+    # serving -----------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="rlm-bridge-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            peer_pid = _PEERCRED.unpack(creds)[0]
+            while True:
+                head = self._recv(conn, 4)
+                if head is None:
+                    return
+                (n,) = struct.unpack(">I", head)
+                body = self._recv(conn, n)
+                if body is None:
+                    return
+                reply = self._dispatch(peer_pid, body)
+                data = json.dumps(reply).encode()
+                conn.sendall(struct.pack(">I", len(data)) + data)
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _recv(conn: socket.socket, n: int) -> bytes | None:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    def _dispatch(self, peer_pid: int, body: bytes) -> dict:
+        try:
+            req = json.loads(body)
+            token = req.get("token")
+            with self._lock:
+                reg = self._regs.get(token) if isinstance(token, str) else None
+            if reg is None or not _ancestors(peer_pid, reg.pid):
+                return {"ok": False, "error": {
+                    "type": "SubcallError",
+                    "message": "bridge refused the request: this process is not the kernel "
+                               "that token was issued to"}}
+            value = self._handler(reg, str(req.get("op")), req.get("args") or {})
+            return {"ok": True, "value": value}
+        except BridgeError as exc:
+            return {"ok": False, "error": exc.to_wire()}
+        except Exception as exc:  # the kernel gets a message, the host goes on
+            return {"ok": False, "error": {"type": "SubcallError",
+                                           "message": f"{type(exc).__name__}: {exc}"}}
+
+    def close(self) -> None:
+        """Stop serving, drop every connection and remove the socket directory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+            self._regs.clear()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        shutil.rmtree(self._dir, ignore_errors=True)

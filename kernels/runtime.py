@@ -1,0 +1,278 @@
+"""The in-kernel runtime: the names the model's code sees, and their channel to the host.
+
+This module is imported *inside* each Jupyter kernel. It binds ``context`` from
+a file and defines ``llm_query``, ``llm_query_batched``, ``rlm``, ``rlm_batched``
+(and the ``rlm_query*`` aliases), ``FINAL``, ``FINAL_VAR`` and ``SHOW_VARS``.
+Every model call goes to the host over a Unix socket with this kernel's secret
+token; the host checks the token *and* the connecting process id, so nothing
+the model's code rewrites here (globals, environment, this module) can change
+its depth, its budget scope, or let it act as another kernel.
+
+Wire format (both ways): 4-byte big-endian length, then a UTF-8 JSON object.
+Request ``{"token", "op", "args"}``; reply ``{"ok": true, "value"}`` or
+``{"ok": false, "error": {"type", "message", ...attributes}}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+
+# Names restored after every cell. Filled in by bind().
+RESERVED: dict = {}
+_FINAL: dict = {}
+_STATE = threading.local()
+_CONF: dict = {}
+
+
+class RLMKernelError(Exception):
+    """Base class of errors raised by the in-kernel functions."""
+
+
+class BudgetExceeded(RLMKernelError):
+    """The host refused the call: it would break a budget cap. Never sent to a model.
+
+    Attributes: cap (str), limit, used, requested, remaining (in the cap's unit).
+    """
+
+    def __init__(self, message, cap=None, limit=None, used=None, requested=None, remaining=None):
+        super().__init__(message)
+        self.cap, self.limit, self.used = cap, limit, used
+        self.requested, self.remaining = requested, remaining
+
+
+class ChildRLMError(RLMKernelError):
+    """A child RLM failed; ``status`` and ``reason`` say how. Not an answer."""
+
+    def __init__(self, message, status="failed", reason=""):
+        super().__init__(message)
+        self.status, self.reason = status, reason or message
+
+
+class DepthError(RLMKernelError):
+    """Sub-calls are disabled at this depth (``max_depth=0``)."""
+
+
+class SubcallError(RLMKernelError):
+    """A sub-call failed in the host (endpoint down, bad reply, ...)."""
+
+
+class BatchError(RLMKernelError):
+    """Some items of a batched call failed.
+
+    ``results`` holds, in input order, each item's answer (``str``) or its exception;
+    ``errors`` maps the index of each failed item to its exception.
+    """
+
+    def __init__(self, message, results=None):
+        super().__init__(message)
+        self.results = list(results or [])
+        self.errors = {i: r for i, r in enumerate(self.results) if isinstance(r, BaseException)}
+
+
+_ERROR_TYPES = {c.__name__: c for c in (BudgetExceeded, ChildRLMError, DepthError, SubcallError)}
+
+
+def _decode_error(err: dict) -> BaseException:
+    cls = _ERROR_TYPES.get(err.get("type"), SubcallError)
+    msg = err.get("message", "sub-call failed")
+    if cls is BudgetExceeded:
+        return BudgetExceeded(msg, err.get("cap"), err.get("limit"), err.get("used"),
+                              err.get("requested"), err.get("remaining"))
+    if cls is ChildRLMError:
+        return ChildRLMError(msg, err.get("status", "failed"), err.get("reason", ""))
+    return cls(msg)
+
+
+def _connection() -> socket.socket:
+    sock = getattr(_STATE, "sock", None)
+    if sock is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(_CONF["socket"])
+        _STATE.sock = sock
+    return sock
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the host closed the bridge connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _call(op: str, **args):
+    payload = json.dumps({"token": _CONF["token"], "op": op, "args": args}).encode()
+    sock = _connection()
+    try:
+        sock.sendall(struct.pack(">I", len(payload)) + payload)
+        (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+        reply = json.loads(_recv_exact(sock, n))
+    except BaseException:
+        # A half-read reply (e.g. KeyboardInterrupt at the cell timeout) would
+        # desynchronise the stream: drop this connection, the next call opens a new one.
+        _STATE.sock = None
+        try:
+            sock.close()
+        except OSError:
+            pass
+        raise
+    if reply.get("ok"):
+        return reply.get("value")
+    raise _decode_error(reply.get("error") or {})
+
+
+def _batch_results(values: list, return_exceptions: bool, what: str):
+    results = [(_decode_error(v["error"]) if isinstance(v, dict) and "error" in v
+                else v.get("value") if isinstance(v, dict) else v) for v in values]
+    failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    if failed and not return_exceptions:
+        first = results[failed[0]]
+        raise BatchError(f"{len(failed)} of {len(results)} {what} items failed "
+                         f"(first: item {failed[0]}: {type(first).__name__}: {first}); "
+                         "the .results attribute holds every item's answer or error, in order; "
+                         "pass return_exceptions=True to get them in place", results)
+    return results
+
+
+def _text(x, name: str) -> str:
+    if isinstance(x, str):
+        return x
+    if x is None:
+        raise TypeError(f"{name} must be a string, got None")
+    return str(x)
+
+
+def llm_query(prompt, model=None):
+    """One plain completion of ``prompt`` by the sub-call model; returns the reply text (str)."""
+    return _call("llm_query", prompt=_text(prompt, "prompt"), model=model)
+
+
+def llm_query_batched(prompts, model=None, return_exceptions=False):
+    """Many plain completions, run concurrently by the host; answers in input order (list[str]).
+
+    If an item fails, raises BatchError carrying every item's result or error, unless
+    ``return_exceptions=True``, which returns the exceptions in place.
+    """
+    prompts = [_text(p, "prompt") for p in prompts]
+    values = _call("llm_query_batched", prompts=prompts, model=model)
+    return _batch_results(values, return_exceptions, "llm_query_batched")
+
+
+def rlm(prompt, query=None, model=None):
+    """A child RLM whose kernel holds ``prompt`` as its ``context``; returns its answer (str).
+
+    At the depth limit this is a plain completion instead. A failed child raises
+    ChildRLMError (with ``status`` and ``reason``), never returns a failure as text.
+    """
+    if not isinstance(prompt, (str, list, dict)):
+        prompt = str(prompt)
+    return _call("rlm", prompt=prompt, query=query, model=model)
+
+
+def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
+    """Many child RLMs, run concurrently by the host; answers in input order (list[str])."""
+    prompts = [p if isinstance(p, (str, list, dict)) else str(p) for p in prompts]
+    values = _call("rlm_batched", prompts=prompts, query=query, model=model)
+    return _batch_results(values, return_exceptions, "rlm_batched")
+
+
+def FINAL(value):
+    """Set the run's answer to ``str(value)``. Only executed code can end a run."""
+    _FINAL.clear()
+    _FINAL["answer"] = value if isinstance(value, str) else repr(value) if not isinstance(
+        value, (int, float)) else str(value)
+    return "FINAL answer recorded."
+
+
+def FINAL_VAR(name):
+    """Set the answer to the value of the variable called ``name`` (a str).
+
+    Passing the value itself (not its name) is accepted too.
+    """
+    ns = _user_ns()
+    if isinstance(name, str) and name.strip().strip("'\"") in ns:
+        value = ns[name.strip().strip("'\"")]
+    elif isinstance(name, str) and name.isidentifier():
+        raise NameError(f"FINAL_VAR: no variable named {name!r}; create it first, "
+                        "or call FINAL(value)")
+    else:
+        value = name
+    return FINAL(value if isinstance(value, str) else str(value))
+
+
+def SHOW_VARS():
+    """Print and return the user variables (name -> type name), reserved names excluded."""
+    ns = _user_ns()
+    out = {k: type(v).__name__ for k, v in ns.items()
+           if not k.startswith("_") and k not in RESERVED and k not in _IPYTHON_NAMES}
+    print(out)
+    return out
+
+
+_IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
+
+
+def _user_ns() -> dict:
+    return _ip().user_ns
+
+
+def _ip():
+    from IPython import get_ipython
+    return get_ipython()
+
+
+def _restore(*_args) -> None:
+    ns = _user_ns()
+    for k, v in RESERVED.items():
+        if ns.get(k) is not v:
+            ns[k] = v
+
+
+def load_context(path: str, fmt: str):
+    """Read the context file written by the host: ``fmt`` is ``"text"`` or ``"json"``."""
+    if fmt == "json":
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    with open(path, "r", encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text") -> str:
+    """Bind this kernel to one RLM instance: its bridge, its secret and its ``context``.
+
+    Called once per kernel by the host. Returns a short description for the host's log.
+    """
+    _CONF.update(socket=socket_path, token=token)
+    _STATE.sock = None
+    ctx = load_context(context_path, fmt) if context_path else None
+    ip = _ip()
+    RESERVED.clear()
+    RESERVED.update(
+        context=ctx, llm_query=llm_query, llm_query_batched=llm_query_batched,
+        rlm=rlm, rlm_batched=rlm_batched, rlm_query=rlm, rlm_query_batched=rlm_batched,
+        FINAL=FINAL, FINAL_VAR=FINAL_VAR, SHOW_VARS=SHOW_VARS,
+        BudgetExceeded=BudgetExceeded, ChildRLMError=ChildRLMError, BatchError=BatchError,
+        SubcallError=SubcallError, DepthError=DepthError,
+    )
+    _restore()
+    try:
+        ip.events.unregister("post_run_cell", _restore)
+    except ValueError:
+        pass
+    ip.events.register("post_run_cell", _restore)
+    return f"context bound: {type(ctx).__name__}"
+
+
+def take_final():
+    """Host-side helper: pop the answer set by FINAL in the last cell, or None.
+
+    The host calls this in the same ``user_expressions`` round trip as the cell.
+    """
+    if "answer" in _FINAL:
+        return {"answer": _FINAL.pop("answer")}
+    return None

@@ -1,0 +1,17 @@
+"""Recursive language models on real Jupyter kernels.
+
+Public API: :func:`completion`, :class:`RLM`, :class:`Result`, and the errors in
+:mod:`rlm.errors`. The CLI is ``rlm`` (see ``rlm --help``).
+"""
+from harness.budget import Budget
+from harness.errors import BudgetExceeded
+
+from .api import RLM, Result, completion
+from .errors import (ChildRLMError, ConfigError, ContextError, DivergenceError,
+                     EmbeddedModelUnavailable, EndpointError, KernelError, ModelReplyError,
+                     NoAnswerError, RLMError, RunActiveError)
+
+__all__ = ["completion", "RLM", "Result", "Budget", "BudgetExceeded", "RLMError", "ConfigError",
+           "ContextError", "EndpointError", "ModelReplyError", "KernelError", "ChildRLMError",
+           "DivergenceError", "RunActiveError", "NoAnswerError", "EmbeddedModelUnavailable"]
+__version__ = "0.1.0"

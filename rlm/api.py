@@ -1,0 +1,356 @@
+"""The public Python API: :func:`completion`, the :class:`RLM` class and :class:`Result`.
+
+>>> import rlm
+>>> res = rlm.completion(Path("essays.txt"), "What is the magic number?",
+...                      base_url="http://127.0.0.1:8000/v1", model="my-model")
+>>> res.answer, res.status, res.usage["total_tokens"]
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.budget import Budget
+from harness.errors import BudgetExceeded
+from harness.prices import PriceTable
+from harness.stages import Kind, StageTree, Status
+
+from .context import load_context
+from .errors import ConfigError, DivergenceError, RLMError, RunActiveError
+from .runner import Instance, Options, Run, _Replay
+
+DEFAULT_EMBEDDED = "qwen2.5-coder-0.5b"
+
+#: Journal states for which a run id returns the recorded result instead of running again.
+#: ``failed``/``cancelled``/``crashed`` runs are resumed (a retried workflow step continues).
+RECORDED_STATES = ("completed", "budget_exceeded")
+
+
+@dataclass
+class Result:
+    """What a run produced.
+
+    Attributes:
+        answer: the answer set by executed ``FINAL``/``FINAL_VAR`` (str), or on a
+            budget stop the best partial answer that exists (str | None).
+        status: ``completed``, ``failed``, ``budget_exceeded`` or ``cancelled``.
+        run_id: the run's id (str); the journal key for resume/replay.
+        iterations: root loop turns taken (int).
+        usage: ``prompt_tokens``, ``completion_tokens``, ``total_tokens``, ``calls``,
+            ``cost_usd`` (USD), plus ``by_model`` and ``by_level`` breakdowns.
+        reason: why the run ended when it did not complete (str).
+        cap: the budget cap that ended it (``cost``, ``tokens``, ``calls``, ``wall``...).
+        stages: stage counts by kind (iteration, cell, llm_query, child, fallback...).
+        max_level: deepest level reached (int; root = 0).
+        kernels_started: kernels started for this run (int).
+        seconds: wall time of the run (s).
+        replayed_calls: model calls served from the journal (not sent, not charged).
+        tree: the :class:`harness.stages.StageTree` (not in :meth:`to_dict`).
+    """
+
+    answer: str | None
+    status: str
+    run_id: str
+    iterations: int = 0
+    usage: dict = field(default_factory=dict)
+    reason: str = ""
+    cap: str | None = None
+    stages: dict = field(default_factory=dict)
+    max_level: int = 0
+    kernels_started: int = 0
+    seconds: float = 0.0
+    replayed_calls: int = 0
+    tree: StageTree | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict of every field except ``tree``."""
+        return {"answer": self.answer, "status": self.status, "run_id": self.run_id,
+                "iterations": self.iterations, "usage": self.usage, "reason": self.reason,
+                "cap": self.cap, "stages": self.stages, "max_level": self.max_level,
+                "kernels_started": self.kernels_started, "seconds": round(self.seconds, 3),
+                "replayed_calls": self.replayed_calls}
+
+
+_OPTION_KEYS = {
+    "model", "sub_model", "child_model", "base_url", "api_key", "max_iterations", "max_depth",
+    "cell_timeout", "max_output_chars", "max_completion_tokens", "sub_max_tokens",
+    "sub_prompt_chars", "temperature", "max_cost_usd", "max_tokens", "max_calls",
+    "max_wall_seconds", "max_children_per_call", "max_concurrency", "pool_size",
+    "max_kernel_restarts", "max_attempts", "journal", "run_id", "embedded_model", "price_file",
+    "on_progress", "divergence", "system_template", "encoding",
+}
+
+
+def _usage(tree: StageTree) -> dict:
+    total = tree.rollup("run") if "run" in tree else None
+    out = total.to_dict() if total is not None else {
+        "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "calls": 0, "cost_usd": 0.0}
+    out["by_model"] = {m: u.to_dict() for m, u in tree.usage_by_model().items()}
+    out["by_level"] = {str(k): u.to_dict() for k, u in tree.usage_by_level().items()}
+    return out
+
+
+class RLM:
+    """Holds options for repeated runs; keeps an embedded model server alive between them.
+
+    Keyword options (all optional; see README "Options" for the CLI flags):
+        model, sub_model, child_model (str): model names. Without ``base_url``
+            (and without ``OPENAI_BASE_URL``/``OPENAI_API_KEY``) the embedded model serves all.
+        base_url, api_key (str): an OpenAI-compatible endpoint; default from
+            ``OPENAI_BASE_URL``/``OPENAI_API_KEY``.
+        max_iterations (int, 20), max_depth (int, 1), cell_timeout (s, 60),
+        max_output_chars (characters, 4000), max_cost_usd (USD), max_tokens (tokens),
+        max_calls (int), max_wall_seconds (s), max_children_per_call (int),
+        max_concurrency (int, 8), pool_size (kernels), journal (path, or False for
+        none; default ``$RLM_JOURNAL`` or the user data dir), embedded_model
+        (``qwen2.5-coder-0.5b`` | ``qwen2.5-coder-1.5b`` | ``smollm2-135m``),
+        price_file (JSON path), on_progress (callable taking a str), divergence
+        (``"stop"`` | ``"live"``).
+
+    Raises:
+        ConfigError: unknown option names or bad values.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        self.options = options
+        self._server = None
+        self._lock = threading.Lock()
+
+    # endpoint ------------------------------------------------------------------
+    def _endpoint(self, o: dict) -> tuple[str, str | None, str]:
+        base_url = o.get("base_url") or os.environ.get("OPENAI_BASE_URL")
+        api_key = o.get("api_key") or os.environ.get("OPENAI_API_KEY")
+        if base_url or api_key:
+            model = o.get("model") or os.environ.get("RLM_MODEL")
+            if not model:
+                raise ConfigError("a model endpoint is configured but no model name: pass "
+                                  "--model NAME (or model=...)")
+            return base_url or "https://api.openai.com/v1", api_key, model
+        with self._lock:
+            if self._server is None:
+                from .embedded import EmbeddedServer
+                name = o.get("embedded_model") or DEFAULT_EMBEDDED
+                progress = o.get("on_progress")
+                if progress:
+                    progress(f"starting the embedded model {name} on 127.0.0.1")
+                srv = EmbeddedServer(name)
+                srv.start()
+                self._server = srv
+            return self._server.base_url, "EMPTY", self._server.model_name
+
+    def close(self) -> None:
+        """Stop the embedded model server, if one was started. Idempotent."""
+        with self._lock:
+            srv, self._server = self._server, None
+        if srv is not None:
+            srv.stop()
+
+    def __enter__(self) -> "RLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # runs ------------------------------------------------------------------------
+    def _options(self, o: dict, journal) -> Options:
+        base_url, api_key, model = self._endpoint(o)
+        embedded = o.get("base_url") is None and not os.environ.get("OPENAI_BASE_URL") \
+            and not (o.get("api_key") or os.environ.get("OPENAI_API_KEY"))
+        try:
+            budget = Budget(max_cost_usd=o.get("max_cost_usd"), max_tokens=o.get("max_tokens"),
+                            max_calls=o.get("max_calls"),
+                            max_wall_seconds=o.get("max_wall_seconds"),
+                            max_iterations=int(o.get("max_iterations", 20)),
+                            max_depth=int(o.get("max_depth", 1)),
+                            max_children_per_call=o.get("max_children_per_call"),
+                            max_concurrency=int(o.get("max_concurrency", 8)))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(str(exc)) from None
+        prices = PriceTable()
+        if o.get("price_file"):
+            try:
+                prices = PriceTable.from_file(o["price_file"])
+            except Exception as exc:
+                raise ConfigError(str(exc)) from None
+        if embedded:
+            prices.add_local(model)
+        opts = Options(model=model if embedded else (o.get("model") or model),
+                       sub_model=None if embedded else o.get("sub_model"),
+                       child_model=None if embedded else o.get("child_model"),
+                       base_url=base_url, api_key=api_key,
+                       max_iterations=budget.max_iterations, max_depth=budget.max_depth,
+                       budget=budget, prices=prices, journal=journal)
+        for k in ("cell_timeout", "max_output_chars", "max_completion_tokens", "sub_max_tokens",
+                  "sub_prompt_chars", "temperature", "pool_size", "max_kernel_restarts",
+                  "max_attempts", "on_progress", "divergence", "system_template"):
+            if o.get(k) is not None:
+                setattr(opts, k, o[k])
+        if embedded:
+            # a small local model: keep what we feed it small (its window is 8k tokens per slot)
+            if o.get("max_output_chars") is None:
+                opts.max_output_chars = 2000
+            if o.get("sub_prompt_chars") is None:
+                opts.sub_prompt_chars = 4000
+        if opts.max_depth < 0:
+            raise ConfigError("max_depth must be >= 0")
+        if opts.divergence not in ("stop", "live"):
+            raise ConfigError("divergence must be 'stop' or 'live'")
+        return opts
+
+    def completion(self, context: Any, query: str | None = None, **overrides: Any) -> Result:
+        """Run one RLM over ``context`` (str, list, dict, or a ``Path``/``"-"`` to load).
+
+        Returns:
+            :class:`Result`. Budget stops return a Result with status ``budget_exceeded``.
+        Raises:
+            ContextError: the context is empty, binary, missing or undecodable.
+            EndpointError: the model endpoint failed (after retries).
+            KernelError: a kernel could not start or kept dying.
+            DivergenceError: resume/replay found a request that differs from the journal.
+            RunActiveError: ``run_id`` names a run that is still running elsewhere.
+            ConfigError: bad options.
+        """
+        unknown = set(overrides) - _OPTION_KEYS
+        if unknown:
+            raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        o = {**self.options, **overrides}
+        journal = _open_journal(o.get("journal"))
+        run_id = o.get("run_id")
+        replay = None
+        if journal is not None and run_id:
+            rec = journal.get_run(run_id)
+            if rec is not None:
+                if rec["state"] in RECORDED_STATES:
+                    return _recorded_result(journal, rec)
+                if rec["state"] == "running":
+                    age = time.time() - (rec.get("heartbeat_at") or 0)
+                    raise RunActiveError(
+                        f"run {run_id} is still running (pid {rec.get('owner_pid')} on "
+                        f"{rec.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "
+                        "to finish, or resume it once its heartbeat is stale")
+                if not journal.claim_run(run_id):
+                    raise RunActiveError(f"run {run_id} could not be claimed for resume "
+                                         "(another process took it first)")
+                replay = _Replay(journal, run_id, strict=False,
+                                 policy=o.get("divergence") or "stop")
+        ctx = load_context(context, encoding=o.get("encoding") or "utf-8")
+        opts = self._options(o, journal)
+        return execute(opts, ctx, query, run_id=run_id, replay=replay)
+
+
+def _new_id() -> str:
+    import uuid
+    return uuid.uuid4().hex[:16]
+
+
+def _jsonable_options(o: dict) -> dict:
+    return {k: v for k, v in o.items()
+            if k not in ("api_key", "on_progress", "journal") and isinstance(
+                v, (str, int, float, bool, type(None)))}
+
+
+def _open_journal(spec):
+    if spec is False:
+        return None
+    from harness.journal import Journal, JournalError
+    try:
+        return Journal(spec if spec not in (None, True) else None)
+    except JournalError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _recorded_result(journal, rec: dict) -> Result:
+    usage = rec.get("usage") or {}
+    return Result(answer=rec.get("answer"), status=rec.get("status") or rec["state"],
+                  run_id=rec["run_id"], iterations=int(usage.get("iterations", 0) or 0),
+                  usage=usage, reason=rec.get("error") or "", replayed_calls=0)
+
+
+def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
+            replay: _Replay | None = None, client=None, record: bool = True) -> Result:
+    """Drive one run tree to its end and return the :class:`Result`.
+
+    The journal (``opts.journal``) gets the run record, every stage event, every
+    model call and cell, and the final status; kernels are always shut down.
+    """
+    t0 = time.monotonic()
+    run = Run(opts, run_id=run_id, replay=replay, client=client)
+    journal = opts.journal if record else None
+    hb = None
+    if journal is not None:
+        if replay is None:
+            journal.create_run(run.run_id, query=query or "", model=opts.model,
+                               sub_model=opts.sub_model, max_depth=opts.max_depth,
+                               options={"max_iterations": opts.max_iterations,
+                                        "max_depth": opts.max_depth,
+                                        "base_url": opts.base_url,
+                                        "budget": opts.budget.to_dict()})
+        hb = journal.start_heartbeat(run.run_id)
+    status, answer, reason, cap, exc_out = "failed", None, "", None, None
+    inst = None
+    try:
+        if opts.budget.max_cost_usd is not None:
+            try:
+                run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
+                                                         opts.child_model) if m})
+            except Exception as exc:
+                raise ConfigError(str(exc)) from None
+        root = run.start_stage(None, Kind.run, 0, model=opts.model, meta={"query": query})
+        inst = Instance(run, root.id, 0, ctx, query, opts.model)
+        try:
+            out = inst.loop()
+            answer, status, reason = out.answer, out.status, out.reason
+            run.end_stage(root.id, Status.completed if status == "completed" else Status.failed,
+                          evidence=answer, error=reason or None)
+        except BudgetExceeded as exc:
+            status, reason, cap = "budget_exceeded", str(exc), exc.cap
+            answer = inst.partial_answer() if hasattr(inst, "partial_answer") else None
+            run.end_stage(root.id, Status.budget_exceeded, error=reason)
+        except KeyboardInterrupt:
+            status, reason = "cancelled", "interrupted"
+            run.end_stage(root.id, Status.cancelled, error=reason)
+            exc_out = KeyboardInterrupt()
+        except RLMError as exc:
+            status, reason = "failed", str(exc)
+            run.end_stage(root.id, Status.failed, error=reason)
+            exc_out = exc
+    finally:
+        run.close()
+    res = Result(answer=answer, status=status, run_id=run.run_id,
+                 iterations=inst.iterations if inst else 0, usage=_usage(run.tree),
+                 reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
+                 max_level=run.tree.max_level(), kernels_started=run.kernels_started,
+                 seconds=time.monotonic() - t0,
+                 replayed_calls=replay.served if replay else 0, tree=run.tree)
+    if journal is not None:
+        if hb is not None:
+            hb.stop()
+        usage = dict(res.usage)
+        usage["iterations"] = res.iterations
+        journal.finish_run(run.run_id, status=status if not isinstance(exc_out, KeyboardInterrupt)
+                           else "cancelled", answer=answer, usage=usage, error=reason or None)
+    if exc_out is not None:
+        if isinstance(exc_out, RLMError):
+            exc_out.result = res  # type: ignore[attr-defined]
+        raise exc_out
+    return res
+
+
+_DEFAULT: RLM | None = None
+
+
+def completion(context: Any, query: str | None = None, **options: Any) -> Result:
+    """Run one RLM: ``context`` (str/list/dict, or ``Path``/``"-"``) and an optional ``query``.
+
+    Same options as :class:`RLM`. An embedded model server started for this
+    call is stopped before it returns. See :meth:`RLM.completion` for errors.
+    """
+    with RLM(**options) as r:
+        return r.completion(context, query)

@@ -1,0 +1,95 @@
+"""Errors raised by the public API and mapped to CLI exit codes.
+
+Every error carries a message that says what happened and what to do. The CLI
+maps each class to its ``exit_code`` (documented in ``rlm --help`` and README):
+
+====  =======================================================================
+code  meaning
+====  =======================================================================
+0     the run completed with an answer
+1     unexpected internal error (a bug: please report it)
+2     bad input or options: missing/empty/binary context file, bad flag value
+3     the model endpoint failed: unreachable, or still failing after retries
+4     the kernel failed beyond recovery (could not start, died past restarts)
+5     a budget cap ended the run (status ``budget_exceeded``)
+6     replay or resume found a divergence from the journal
+7     the run ended without an answer (iterations exhausted, no FINAL)
+130   interrupted (Ctrl-C)
+====  =======================================================================
+"""
+from __future__ import annotations
+
+from harness.errors import BudgetExceeded, HarnessError, IllegalTransition  # noqa: F401
+
+
+class RLMError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(RLMError):
+    """Bad options or input given by the user (exit code 2)."""
+
+    exit_code = 2
+
+
+class ContextError(ConfigError):
+    """The context could not be loaded: missing, empty, binary or undecodable file."""
+
+
+class EmbeddedModelUnavailable(ConfigError):
+    """The embedded model's extra is not installed, or its weights fail the hash check."""
+
+
+class EndpointError(RLMError):
+    """The model endpoint could not be reached or kept failing after retries (exit 3)."""
+
+    exit_code = 3
+
+
+class ModelReplyError(EndpointError):
+    """The endpoint answered with something that is not a usable completion."""
+
+
+class KernelError(RLMError):
+    """A Jupyter kernel could not start, or died more times than the restart limit (exit 4)."""
+
+    exit_code = 4
+
+
+class DepthError(RLMError):
+    """A sub-call was made where the depth limit allows none (``max_depth=0``)."""
+
+    exit_code = 2
+
+
+class ChildRLMError(RLMError):
+    """A child RLM failed. ``status`` is the child's final status, ``reason`` why.
+
+    Raised inside the parent's kernel so the parent's code can catch it; never
+    returned as a string that looks like an answer.
+    """
+
+    def __init__(self, message: str, status: str = "failed", reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason or message
+
+
+class DivergenceError(RLMError):
+    """Replay/resume met a call whose request differs from the journal's (exit 6)."""
+
+    exit_code = 6
+
+
+class RunActiveError(RLMError):
+    """Resume was asked for a run whose owner is still alive (fresh heartbeat)."""
+
+    exit_code = 2
+
+
+class NoAnswerError(RLMError):
+    """The run ended without a FINAL answer (exit 7)."""
+
+    exit_code = 7

@@ -1,0 +1,136 @@
+"""A real HTTP server on 127.0.0.1 speaking the OpenAI chat-completions protocol.
+
+Replies are scripted: a ``responder(request_json) -> Reply | str`` decides each
+answer, so tests drive the real ``openai`` client through real sockets. Every
+request is recorded (``server.requests``) for assertions such as "the refused
+calls never reached the server".
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+
+@dataclass
+class Reply:
+    """One scripted answer: ``content`` with HTTP ``status`` (200, 429, 500...).
+
+    ``delay`` seconds before answering; ``headers`` extra (e.g. Retry-After);
+    ``usage`` overrides the default usage (prompt tokens ~ chars/4).
+    """
+
+    content: str = ""
+    status: int = 200
+    delay: float = 0.0
+    headers: dict = field(default_factory=dict)
+    usage: dict | None = None
+    cost: float | None = None
+
+
+def last_user(req: dict) -> str:
+    msgs = req.get("messages") or []
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            return str(m.get("content") or "")
+    return ""
+
+
+def system_text(req: dict) -> str:
+    msgs = req.get("messages") or []
+    return str(msgs[0].get("content") or "") if msgs and msgs[0].get("role") == "system" else ""
+
+
+class ScriptedServer:
+    """Start with ``with ScriptedServer(responder) as srv: srv.base_url``.
+
+    Args:
+        responder: called for every POST to ``/v1/chat/completions`` with the
+            parsed JSON body; returns a :class:`Reply` or a plain string.
+        latency: seconds added to every reply.
+    """
+
+    def __init__(self, responder: Callable[[dict], Reply | str], latency: float = 0.0) -> None:
+        self.responder = responder
+        self.latency = latency
+        self.requests: list[dict] = []
+        self.usages: list[dict] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                body = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                self._send(200, body.encode(), {})
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                req = json.loads(self.rfile.read(n) or b"{}")
+                with outer._lock:
+                    outer.requests.append(req)
+                try:
+                    rep = outer.responder(req)
+                except Exception as exc:  # a bug in a test's script: make it loud
+                    rep = Reply(content=f"responder error: {exc!r}", status=500)
+                if isinstance(rep, str):
+                    rep = Reply(content=rep)
+                if outer.latency or rep.delay:
+                    time.sleep(outer.latency + rep.delay)
+                if rep.status != 200:
+                    body = json.dumps({"error": {"message": rep.content or "scripted error",
+                                                 "type": "scripted", "code": rep.status}})
+                    self._send(rep.status, body.encode(), rep.headers)
+                    return
+                prompt_chars = sum(len(str(m.get("content") or "")) for m in req.get("messages", []))
+                usage = rep.usage or {"prompt_tokens": max(1, prompt_chars // 4),
+                                      "completion_tokens": max(1, len(rep.content) // 4)}
+                usage = dict(usage)
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                if rep.cost is not None:
+                    usage["cost"] = rep.cost
+                with outer._lock:
+                    outer.usages.append(usage)
+                body = {
+                    "id": f"chatcmpl-{len(outer.requests)}", "object": "chat.completion",
+                    "created": int(time.time()), "model": req.get("model", "scripted"),
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": rep.content}}],
+                    "usage": usage,
+                }
+                self._send(200, json.dumps(body).encode(), rep.headers)
+
+            def _send(self, status, body, headers):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in headers.items():
+                    self.send_header(k, str(v))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "ScriptedServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
