@@ -508,6 +508,8 @@ class Journal:
     # ---- error translation ----------------------------------------------------------------
 
     def _translate(self, exc: sqlite3.Error, action: str) -> JournalError:
+        if len(action) > 200:
+            action = action[:197] + "..."
         code = getattr(exc, "sqlite_errorcode", None)
         primary = code & 0xFF if isinstance(code, int) else None
         text = str(exc)

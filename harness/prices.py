@@ -82,13 +82,6 @@ class Price:
         return (prompt_tokens * self.usd_per_mtok_input
                 + completion_tokens * self.usd_per_mtok_output) / 1_000_000
 
-    # Exact integer arithmetic for the accountant: pico-USD (1e-12 USD) per token.
-    @property
-    def pusd_per_token(self) -> tuple[int, int]:
-        """(input, output) price in pico-USD (1e-12 USD) per token, rounded to integers."""
-        return (round(self.usd_per_mtok_input * 1_000_000),
-                round(self.usd_per_mtok_output * 1_000_000))
-
 
 FREE = Price(0.0, 0.0)
 

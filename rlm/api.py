@@ -186,7 +186,7 @@ class RLM:
                        child_model=None if embedded else o.get("child_model"),
                        base_url=base_url, api_key=api_key,
                        max_iterations=budget.max_iterations, max_depth=budget.max_depth,
-                       budget=budget, prices=prices, journal=journal)
+                       budget=budget, prices=prices, journal=journal, embedded=embedded)
         for k in ("cell_timeout", "max_output_chars", "max_completion_tokens", "sub_max_tokens",
                   "sub_prompt_chars", "temperature", "pool_size", "max_kernel_restarts",
                   "max_attempts", "on_progress", "divergence", "system_template"):
@@ -288,10 +288,7 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
         if replay is None:
             journal.create_run(run.run_id, query=query or "", model=opts.model,
                                sub_model=opts.sub_model, max_depth=opts.max_depth,
-                               options={"max_iterations": opts.max_iterations,
-                                        "max_depth": opts.max_depth,
-                                        "base_url": opts.base_url,
-                                        "budget": opts.budget.to_dict()})
+                               options=stored_options(opts, ctx))
         hb = journal.start_heartbeat(run.run_id)
     status, answer, reason, cap, exc_out = "failed", None, "", None, None
     inst = None
@@ -341,6 +338,138 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
             exc_out.result = res  # type: ignore[attr-defined]
         raise exc_out
     return res
+
+
+#: Options kept in the journal so that ``rlm resume``/``rlm replay`` rebuild the same run.
+_STORED = ("model", "sub_model", "child_model", "max_iterations", "max_depth", "cell_timeout",
+           "max_output_chars", "max_completion_tokens", "sub_max_tokens", "sub_prompt_chars",
+           "temperature", "max_kernel_restarts", "system_template")
+
+
+def stored_options(opts: Options, ctx) -> dict:
+    """The JSON-able settings a run needs to be re-driven (never the API key)."""
+    import hashlib
+    d = {k: getattr(opts, k) for k in _STORED}
+    d["base_url"] = opts.base_url
+    d["embedded"] = opts.embedded
+    d["budget"] = opts.budget.to_dict()
+    d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
+        "<value>", "<stdin>", "<bytes>") else None
+    d["context_fmt"] = ctx.fmt
+    blob = ctx.value if isinstance(ctx.value, str) else __import__("json").dumps(
+        ctx.value, sort_keys=True, ensure_ascii=False)
+    d["context_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return d
+
+
+def _stored_run(journal, run_id: str) -> dict:
+    rec = journal.get_run(run_id)
+    if rec is None:
+        raise ConfigError(f"no run {run_id!r} in journal {journal.path}; list runs with `rlm runs`")
+    return rec
+
+
+def _stored_context(rec: dict, context: Any):
+    import hashlib
+    import json as _json
+    o = rec.get("options") or {}
+    if context is None:
+        src = o.get("context_source")
+        if not src:
+            raise ConfigError(f"run {rec['run_id']} was given its context as a value or on stdin; "
+                              "pass it again with --context PATH")
+        context = Path(src)
+    ctx = load_context(context)
+    blob = ctx.value if isinstance(ctx.value, str) else _json.dumps(
+        ctx.value, sort_keys=True, ensure_ascii=False)
+    want = o.get("context_sha256")
+    if want and hashlib.sha256(blob.encode("utf-8")).hexdigest() != want:
+        raise DivergenceError(f"the context of run {rec['run_id']} has changed since it was "
+                              "recorded (sha256 differs); resume/replay need the same context")
+    return ctx
+
+
+def replay(run_id: str, *, journal: Any = None, context: Any = None,
+           on_progress: Callable[[str], None] | None = None) -> Result:
+    """Re-execute a finished run with zero model calls and check it reaches the same answer.
+
+    Every model call is served from the journal (by call id and request hash);
+    cells really re-execute in fresh kernels. Nothing is written to the journal.
+
+    Returns:
+        the replayed :class:`Result` (``replayed_calls`` = calls served).
+    Raises:
+        DivergenceError: a call is missing from the journal, its request differs
+            (e.g. an edited journal or a non-deterministic cell), or the answer differs.
+        ConfigError: unknown run, or a run that has not finished.
+    """
+    j = _open_journal(journal if journal is not None else None)
+    rec = _stored_run(j, run_id)
+    if rec["state"] not in ("completed", "failed", "budget_exceeded"):
+        raise ConfigError(f"run {run_id} is {rec['state']}; only a finished run can be replayed "
+                          "(resume it with `rlm resume`)")
+    ctx = _stored_context(rec, context)
+    opts = _options_from_record(rec, journal=None)
+    opts.on_progress = on_progress
+    rp = _Replay(j, run_id, strict=True, policy="stop")
+    res = execute(opts, ctx, rec.get("query") or None, run_id=run_id, replay=rp, record=False)
+    if res.answer != rec.get("answer"):
+        raise DivergenceError(f"replay of run {run_id} reached a different answer: "
+                              f"{res.answer!r} instead of {rec.get('answer')!r}")
+    return res
+
+
+def _options_from_record(rec: dict, journal) -> Options:
+    o = dict(rec.get("options") or {})
+    budget = Budget.from_dict(o.pop("budget", {}) or {})
+    opts = Options(budget=budget, journal=journal)
+    for k in _STORED:
+        if k in o:
+            setattr(opts, k, o[k])
+    opts.base_url = o.get("base_url")
+    return opts
+
+
+def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
+    """Resume a crashed, failed or interrupted run from the journal.
+
+    Re-drives it from its start in fresh kernels; every model call whose id and
+    request hash match the journal is served from it (not sent, not charged);
+    the run goes live at the first call the journal does not hold. A finished
+    run returns its recorded result at once.
+
+    Raises:
+        RunActiveError: the run is still running (fresh heartbeat).
+        DivergenceError: a recorded call differs (policy ``divergence="stop"``).
+        ConfigError: unknown run id.
+    """
+    j = _open_journal(options.get("journal"))
+    rec = _stored_run(j, run_id)
+    if rec["state"] in RECORDED_STATES:
+        return _recorded_result(j, rec)
+    ctx_src = context
+    if ctx_src is None:
+        _stored_context(rec, None)  # checks it is there and unchanged
+        ctx_src = Path(rec["options"]["context_source"])
+    stored = dict(rec.get("options") or {})
+    merged = {k: stored[k] for k in _STORED if stored.get(k) is not None}
+    b = stored.get("budget") or {}
+    for src, dst in (("max_cost_usd", "max_cost_usd"), ("max_tokens", "max_tokens"),
+                     ("max_calls", "max_calls"), ("max_wall_seconds", "max_wall_seconds"),
+                     ("max_children_per_call", "max_children_per_call"),
+                     ("max_concurrency", "max_concurrency")):
+        if b.get(src) is not None:
+            merged[dst] = b[src]
+    if not stored.get("embedded") and stored.get("base_url"):
+        merged["base_url"] = stored["base_url"]
+    if stored.get("embedded"):
+        merged.pop("model", None)
+        merged.pop("sub_model", None)
+        merged.pop("child_model", None)
+    merged.update({k: v for k, v in options.items() if v is not None})
+    merged["run_id"] = run_id
+    with RLM(**merged) as r:
+        return r.completion(ctx_src, rec.get("query") or None)
 
 
 _DEFAULT: RLM | None = None

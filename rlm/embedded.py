@@ -514,8 +514,8 @@ except Exception as e:
     report(error="start", message=f"{type(e).__name__}: {e}"); sys.exit(4)
 report(address=server.listening_address)
 try:
-    while sys.stdin.buffer.read(4096):
-        pass
+    import time
+    while True: time.sleep(1)
 finally:
     server = None               # xllamacpp stops only when the object is freed
 """

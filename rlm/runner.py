@@ -84,6 +84,7 @@ class Options:
     max_attempts: int = 6
     journal: Any = None
     divergence: str = "stop"
+    embedded: bool = False
     system_template: str | None = None
     on_progress: Callable[[str], None] | None = None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import threading
 import time
@@ -458,3 +459,11 @@ def test_render_shows_totals_and_nodes():
     assert lines[3].startswith("    model_call-0 [model_call] completed L0 gpt-4o tok=1200")
     assert lines[3].endswith("$0.004500 3.50s")
     assert lines[2].endswith(" -")  # never started
+
+
+def test_harness_imports_nothing_from_rlm_or_kernels():
+    code = ("import sys, harness, harness.errors, harness.stages, harness.prices, "
+            "harness.budget; bad = sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('rlm', 'kernels')); print(bad); sys.exit(bool(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

