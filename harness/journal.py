@@ -379,8 +379,13 @@ class Journal:
             raise self._translate(exc, "open the journal") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            # Inspect before changing anything: a refused file is left exactly as it was.
-            version, app_id, tables = self._inspect(conn)
+            # Inspect before changing anything: a refused file is left exactly as it was. One
+            # read transaction, so a concurrent opener's schema creation is seen whole or not.
+            conn.execute("BEGIN")
+            try:
+                version, app_id, tables = self._inspect(conn)
+            finally:
+                conn.execute("COMMIT")
             fresh = version == 0 and app_id == 0 and not tables
             if not fresh:
                 self._refuse_unless_migratable(version, app_id, tables)
@@ -459,8 +464,6 @@ class Journal:
 
     def _locked(self) -> threading.Lock:
         """The lock guarding the connection (a fresh one after ``fork()``)."""
-        if self._pid != os.getpid():
-            self._after_fork()
         return self._lock
 
     def _connection(self) -> sqlite3.Connection:

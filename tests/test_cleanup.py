@@ -1,0 +1,86 @@
+"""No orphan kernels: the host killed with SIGKILL (or SIGINT) while children run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+HOST = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from scripted_server import ScriptedServer
+    import rlm
+
+    def responder(req):
+        msgs = req["messages"]
+        if msgs[0]["role"] != "system":
+            return "leaf"
+        turn = sum(1 for m in msgs if m["role"] == "assistant")
+        if "of 7 characters" in msgs[0]["content"]:   # children: sleep in their cells
+            return "```repl\\nimport time\\nprint('child running', flush=True)\\ntime.sleep(120)\\n```"
+        if turn == 0:
+            return "```repl\\nouts = rlm_batched(['child-%d' % i for i in range(3)])\\n```"
+        return "```repl\\nFINAL('x')\\n```"
+
+    with ScriptedServer(responder) as srv:
+        print("READY", flush=True)
+        rlm.completion("root context", "q", base_url=srv.base_url, api_key="k", model="m",
+                       max_depth=2, pool_size=2, journal=False, cell_timeout=300)
+""")
+
+
+def _kernels_of(host_pid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "ipykernel" not in cmd:
+                continue
+            if p.environ().get("JPY_PARENT_PID") == str(host_pid):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def _wait_for_kernels(host_pid: int, n: int, timeout: float = 60) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ks = _kernels_of(host_pid)
+        if len(ks) >= n:
+            return ks
+        time.sleep(0.2)
+    raise AssertionError(f"expected {n} kernels of {host_pid}, saw {len(_kernels_of(host_pid))}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_no_kernel_outlives_its_host(tmp_path, sig):
+    script = tmp_path / "host.py"
+    script.write_text(HOST.format(tests=os.path.dirname(__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        # root + 3 children busy in their cells (pool kernels may be there too)
+        kernels = _wait_for_kernels(proc.pid, 4)
+        time.sleep(1.0)  # let the children reach their sleeping cells
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 8
+        alive = kernels
+        while time.monotonic() < deadline:
+            alive = [k for k in kernels if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+            if not alive and not _kernels_of(proc.pid):
+                break
+            time.sleep(0.2)
+        assert not alive, f"kernels still alive after the host died: {[k.pid for k in alive]}"
+        assert not _kernels_of(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,377 @@
+"""The RLM loop end to end: real kernels, a real HTTP endpoint with scripted replies.
+
+Each test drives ``rlm.completion`` against :class:`ScriptedServer` and checks what the
+model was shown (the requests the server received) and what the run returned.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+import pytest
+
+import rlm
+from conftest import API_KEY, MODEL, Reply, is_root, last_user, repl, root_requests, script, \
+    sub_requests
+
+
+def feedback_after(srv, turn: int) -> str:
+    """The user message the model got after its ``turn``-th root reply (1-based)."""
+    return last_user(root_requests(srv)[turn])
+
+
+# --------------------------------------------------------------------------- 1. a full run
+
+
+def test_inspect_context_batched_subcalls_and_usage(api):
+    context = "".join(f"line {i}: " + "x" * (i % 7) + " filler text\n" for i in range(200))
+    n = len(context)
+    expected_x = context.count("x")
+    seen_len = {}
+    arrivals: list[float] = []
+    lock = threading.Lock()
+
+    def turn2(req):
+        # the model reads the length the kernel printed, from the request it was sent
+        m = re.search(r"LEN=(\d+)", last_user(req))
+        assert m, last_user(req)
+        seen_len["n"] = int(m.group(1))
+        step = int(m.group(1)) // 4 + 1
+        return repl(f"chunks = [context[i:i + {step}] for i in range(0, {m.group(1)}, {step})]",
+                    "print('CHUNKS', len(chunks))",
+                    "counts = llm_query_batched(['Count x in: ' + c for c in chunks])",
+                    "print('COUNTS', counts)")
+
+    def sub(req):
+        with lock:
+            arrivals.append(time.monotonic())
+        text = last_user(req)
+        assert text.startswith("Count x in: ")
+        # a slow sub-model: four of these in sequence would take >= 2 s
+        return Reply(content=str(text[len("Count x in: "):].count("x")), delay=0.5,
+                     usage={"prompt_tokens": 50, "completion_tokens": 5})
+
+    replies = [repl("print(f'LEN={len(context)}')"),
+               turn2,
+               repl("FINAL(sum(int(c) for c in counts))")]
+    res, srv = api(script(replies, sub), context, "How many x are there?")
+
+    assert res.status == "completed", res.reason
+    assert res.answer == str(expected_x)
+    assert seen_len["n"] == n
+    assert res.iterations == 3
+    # four sub-calls, each a single user message with no system prompt, run concurrently
+    subs = sub_requests(srv)
+    assert len(subs) == 4
+    assert all(len(r["messages"]) == 1 and r["messages"][0]["role"] == "user" for r in subs)
+    assert max(arrivals) - min(arrivals) < 0.45, "llm_query_batched did not run concurrently"
+    # results come back in input order
+    chunk_counts = [str(context[i:i + n // 4 + 1].count("x")) for i in range(0, n, n // 4 + 1)]
+    assert f"COUNTS {chunk_counts!r}" in feedback_after(srv, 2)
+    # usage: exactly what the endpoint reported, summed; one call per request
+    assert res.usage["prompt_tokens"] == sum(u["prompt_tokens"] for u in srv.usages)
+    assert res.usage["completion_tokens"] == sum(u["completion_tokens"] for u in srv.usages)
+    assert res.usage["total_tokens"] == sum(u["total_tokens"] for u in srv.usages)
+    assert res.usage["calls"] == srv.count == 3 + 4
+    # by level: the root's own turns at level 0, the sub-calls at level 1
+    assert res.usage["by_level"]["0"]["calls"] == 3
+    assert res.usage["by_level"]["1"] == {"prompt_tokens": 200, "completion_tokens": 20,
+                                          "total_tokens": 220, "calls": 4, "cost_usd": 0.0}
+    assert res.usage["by_level"]["0"]["prompt_tokens"] == res.usage["prompt_tokens"] - 200
+
+
+def test_system_prompt_shows_metadata_not_content(api):
+    secret_line = "the-needle-is-7781"
+    context = "haystack " * 500 + secret_line + " haystack" * 500
+    res, srv = api(script([repl("FINAL('ok')")]), context, "find the needle")
+    assert res.status == "completed"
+    first = srv.requests[0]
+    system = first["messages"][0]["content"]
+    assert f"{len(context):,} characters" in system
+    assert secret_line not in str(first["messages"])
+    assert "find the needle" in first["messages"][1]["content"]
+
+
+def test_usage_counts_provider_cost(api):
+    """A provider that reports cost per call: the run's cost is their sum."""
+    replies = [Reply(content=repl("x = llm_query('hi')"), cost=0.25),
+               Reply(content=repl("FINAL(x)"), cost=0.5)]
+    res, srv = api(script(replies, lambda req: Reply(content="hello", cost=0.125)))
+    assert res.status == "completed" and res.answer == "hello"
+    assert res.usage["cost_usd"] == pytest.approx(0.875)
+    assert res.usage["calls"] == srv.count == 3
+
+
+# --------------------------------------------------------------------------- 2. FINAL_VAR
+
+
+def test_final_var_by_name(api):
+    res, _ = api(script([repl("result = 'the answer is ' + str(6 * 7)", "FINAL_VAR('result')")]))
+    assert res.status == "completed"
+    assert res.answer == "the answer is 42"
+
+
+def test_final_var_by_value(api):
+    res, _ = api(script([repl("result = 'forty two and more'", "FINAL_VAR(result)")]))
+    assert res.status == "completed"
+    assert res.answer == "forty two and more"
+
+
+def test_final_var_by_value_single_word(api):
+    """FINAL_VAR is documented to accept the value itself; a one-word value is a value too."""
+    res, srv = api(script([repl("city = 'Paris'", "FINAL_VAR(city)"),
+                           repl("FINAL('fallback')")]))
+    assert res.status == "completed"
+    assert res.answer == "Paris", feedback_after(srv, 1) if srv.count > 1 else res
+
+
+def test_final_var_of_non_string_and_final_of_int(api):
+    res, _ = api(script([repl("nums = [1, 2, 3]", "FINAL_VAR('nums')")]))
+    assert res.answer == "[1, 2, 3]"
+    res, _ = api(script([repl("FINAL(6 * 7)")]))
+    assert res.answer == "42"
+
+
+def test_final_var_unknown_name_is_an_error_the_model_sees(api):
+    res, srv = api(script([repl("FINAL_VAR('nothing_here')"), repl("FINAL('ok')")]))
+    assert res.status == "completed" and res.answer == "ok"
+    assert res.iterations == 2
+    fb = feedback_after(srv, 1)
+    assert "NameError" in fb and "nothing_here" in fb
+
+
+def test_error_after_final_in_the_same_cell_keeps_the_answer(api):
+    res, srv = api(script([repl("FINAL('kept')", "1 / 0")]))
+    assert res.status == "completed" and res.answer == "kept"
+    assert srv.count == 1
+
+
+# --------------------------------------------------------------------------- 3. prose FINAL
+
+
+def test_prose_final_does_not_end_the_run(api):
+    replies = ["I am sure now. FINAL(42)",
+               "```repl\nx = 41\n```\nAnd so FINAL(x)",
+               repl("FINAL(x + 1)")]
+    res, srv = api(script(replies))
+    assert res.status == "completed"
+    assert res.answer == "42"
+    assert res.iterations == 3 and srv.count == 3
+    note = feedback_after(srv, 1)
+    assert "plain text" in note and "```repl" in note
+    # a reply with code and a prose FINAL: the code ran, the prose FINAL did nothing
+    assert feedback_after(srv, 2).startswith("Output:")
+
+
+def test_reply_without_code_is_told_to_write_code(api):
+    res, srv = api(script(["Let me think about it.", repl("FINAL('done')")]))
+    assert res.status == "completed" and res.iterations == 2
+    assert "no ```repl code block" in feedback_after(srv, 1)
+
+
+def test_python_fence_is_accepted_and_blocks_run_in_order(api):
+    reply = ("First:\n```python\nacc = ['a']\n```\nthen\n```repl\nacc.append('b')\nprint(acc)\n```")
+    res, srv = api(script([reply, repl("FINAL(''.join(acc))")]))
+    assert res.answer == "ab"
+    fb = feedback_after(srv, 1)
+    assert "Output of block 2/2" in fb and "['a', 'b']" in fb
+
+
+# --------------------------------------------------------------------------- 4. reserved names
+
+
+def test_reserved_names_are_restored_after_each_cell(api):
+    context = "the original context " * 10
+    replies = [
+        # inside the cell the assignments hold ...
+        repl("context = 'x'", "llm_query = None", "FINAL = print",
+             "print('INSIDE', len(context), llm_query)"),
+        # ... and the next cell sees the real ones again
+        repl("print('LEN', len(context))", "print('SUB', llm_query('ping'))"),
+        repl("FINAL(len(context))"),
+    ]
+    res, srv = api(script(replies, lambda req: "pong"), context)
+    assert res.status == "completed", res.reason
+    assert res.answer == str(len(context))
+    assert "INSIDE 1 None" in feedback_after(srv, 1)
+    fb = feedback_after(srv, 2)
+    assert f"LEN {len(context)}" in fb
+    assert "SUB pong" in fb
+
+
+def test_reserved_names_restored_between_blocks_of_one_reply(api):
+    context = "abcdef" * 7
+    reply = repl("del context", "del llm_query") + "\n" + repl("print('LEN', len(context))",
+                                                                 "print(llm_query('a'))")
+    res, srv = api(script([reply, repl("FINAL('ok')")], lambda req: "sub-ok"), context)
+    assert res.status == "completed"
+    fb = feedback_after(srv, 1)
+    assert f"LEN {len(context)}" in fb and "sub-ok" in fb
+
+
+# --------------------------------------------------------------------------- 5. cell timeout
+
+
+def test_stuck_cell_is_interrupted_and_the_run_goes_on(api):
+    replies = [repl("before = 123", "while True:", "    pass"),
+               repl("print('BEFORE', before)", "FINAL(before)")]
+    t0 = time.monotonic()
+    res, srv = api(script(replies), cell_timeout=1)
+    took = time.monotonic() - t0
+    assert res.status == "completed", res.reason
+    assert res.answer == "123"
+    fb = feedback_after(srv, 1)
+    assert "timeout" in fb and "interrupted" in fb
+    assert "KeyboardInterrupt" in fb
+    assert res.kernels_started == 1  # interrupted, not restarted
+    assert took < 15
+
+
+def test_cell_that_ignores_the_interrupt_is_killed_and_restarted(api):
+    context = "ctx " * 25
+    replies = [repl("import time", "while True:", "    try:", "        time.sleep(60)",
+                    "    except KeyboardInterrupt:", "        pass"),
+               repl("print('LEN', len(context))"),
+               repl("FINAL('survived')")]
+    res, srv = api(script(replies), context, cell_timeout=1)
+    assert res.status == "completed", res.reason
+    assert res.answer == "survived"
+    fb = feedback_after(srv, 1)
+    assert "ignored the interrupt" in fb and "restarted" in fb
+    assert res.kernels_started == 2
+    assert f"LEN {len(context)}" in feedback_after(srv, 2)
+
+
+# --------------------------------------------------------------------------- 6. kernel death
+
+
+@pytest.mark.parametrize("kill", ["import os; os._exit(1)",
+                                  "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                         ids=["os_exit", "sigkill"])
+def test_dead_kernel_is_restarted_with_context(api, kill):
+    context = "restart me " * 30
+    replies = [repl("lost = 'gone'", kill),
+               repl("print('LEN', len(context))", "print('LOST' if 'lost' in globals() else 'FRESH')"),
+               repl("FINAL('recovered')")]
+    res, srv = api(script(replies), context)
+    assert res.status == "completed", res.reason
+    assert res.answer == "recovered"
+    died = feedback_after(srv, 1)
+    assert "died" in died and "restarted" in died
+    fb = feedback_after(srv, 2)
+    assert f"LEN {len(context)}" in fb
+    assert "FRESH" in fb
+    assert res.kernels_started == 2
+
+
+def test_kernel_that_keeps_dying_fails_with_kernel_error(api):
+    kill = repl("import os; os._exit(3)")
+    with pytest.raises(rlm.KernelError) as ei:
+        api(script([kill] * 5), max_kernel_restarts=1)
+    assert "died" in str(ei.value)
+
+
+# --------------------------------------------------------------------------- 10. API key
+
+
+def test_api_key_is_not_visible_in_the_kernel(api, monkeypatch):
+    secret = "sk-test-not-for-kernels-9f8e7d"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("RLM_SOME_TOKEN", secret)
+    replies = [repl("import os", "print(dict(os.environ))",
+                    "print(open('/proc/self/environ', 'rb').read())"),
+               repl("FINAL('ok')")]
+    res, srv = api(script(replies), api_key=secret)
+    assert res.status == "completed"
+    shown = feedback_after(srv, 1)
+    assert "PATH" in shown  # the environment really was printed
+    assert secret not in shown
+    assert "OPENAI_API_KEY" not in shown
+    # and the key went where it belongs: the HTTP request, not the prompt
+    assert secret not in str(srv.requests)
+
+
+# --------------------------------------------------------------------------- 12. iterations
+
+
+def test_max_iterations_then_last_turn_then_failed(api):
+    res, srv = api(script([repl("print('working')")] * 3), max_iterations=2)
+    assert res.status == "failed"
+    assert res.answer is None
+    assert "no FINAL" in res.reason
+    assert srv.count == 3  # max_iterations turns and one last turn
+    last = last_user(srv.requests[-1])
+    assert "last turn" in last
+    assert "last turn" not in str(srv.requests[1]["messages"])
+
+
+def test_final_on_the_last_turn_completes(api):
+    res, srv = api(script(["no code", "still no code", repl("FINAL('late')")]), max_iterations=2)
+    assert res.status == "completed" and res.answer == "late"
+    assert res.iterations == 3
+
+
+# --------------------------------------------------------------------------- 13. long outputs
+
+
+def test_long_output_is_cut_with_a_note(api):
+    replies = [repl("print('HEAD' + 'A' * 3000 + 'TAIL')"), repl("FINAL('ok')")]
+    res, srv = api(script(replies), max_output_chars=500)
+    assert res.status == "completed"
+    fb = feedback_after(srv, 1)
+    printed = len("HEAD" + "A" * 3000 + "TAIL\n")  # 3009 characters of output
+    assert f"{printed - 500:,} characters cut" in fb
+    assert fb.count("A") <= 500
+    assert "HEAD" in fb and "TAIL" in fb  # head and tail are both kept
+    assert len(fb) < 700
+
+
+def test_short_output_is_not_cut(api):
+    res, srv = api(script([repl("print('B' * 400)"), repl("FINAL('ok')")]), max_output_chars=500)
+    fb = feedback_after(srv, 1)
+    assert "B" * 400 in fb and "cut" not in fb
+
+
+# --------------------------------------------------------------------------- 14. depth 0
+
+
+def test_max_depth_zero_disables_subcalls(api):
+    replies = [repl("llm_query('hello')"),
+               repl("try:", "    rlm('piece', 'q')", "except DepthError as e:", "    print('CAUGHT', e)",
+                    "try:", "    llm_query_batched(['a', 'b'])", "except Exception as e:",
+                    "    print('BATCH', type(e).__name__)"),
+               repl("FINAL(len(context))")]
+    res, srv = api(script(replies, lambda req: "should never be asked"), "abc", max_depth=0)
+    assert res.status == "completed", res.reason
+    assert res.answer == "3"
+    fb = feedback_after(srv, 1)
+    assert "DepthError" in fb and "max_depth=0" in fb
+    fb2 = feedback_after(srv, 2)
+    assert "CAUGHT" in fb2 and "BATCH DepthError" in fb2
+    assert sub_requests(srv) == []
+    assert "rlm(prompt, query)" not in srv.requests[0]["messages"][0]["content"]
+
+
+# --------------------------------------------------------------------------- contexts via the API
+
+
+def test_list_and_dict_contexts_arrive_as_python_values(api):
+    res, _ = api(script([repl("FINAL(type(context).__name__ + ':' + '|'.join(context))")]),
+                 ["alpha", "beta", "gamma"])
+    assert res.answer == "list:alpha|beta|gamma"
+    res, srv = api(script([repl("FINAL(sorted(context.items()))")]), {"b": [1, 2], "a": "x"})
+    assert res.answer == "[('a', 'x'), ('b', [1, 2])]"
+    assert "a dict" in srv.requests[0]["messages"][0]["content"]
+
+
+def test_unicode_context_is_exact(api):
+    context = "naïve café — 東京 🎉\r\nline two\n"
+    res, _ = api(script([repl("FINAL(repr(context))")]), context)
+    assert res.answer == repr(context)
+
+
+def test_unknown_option_is_a_config_error():
+    with pytest.raises(rlm.ConfigError, match="max_iteration"):
+        rlm.completion("ctx", "q", max_iteration=3, journal=False)
