@@ -143,7 +143,7 @@ class RLM:
                 srv = EmbeddedServer(name)
                 srv.start()
                 self._server = srv
-            return self._server.base_url, "EMPTY", self._server.model_name
+            return self._server.base_url, self._server.api_key, self._server.model_name
 
     def close(self) -> None:
         """Stop the embedded model server, if one was started. Idempotent."""

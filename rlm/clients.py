@@ -12,7 +12,6 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import openai
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_random_exponential)
 
@@ -51,7 +50,15 @@ class Completion:
                 "model": self.model}
 
 
+def _openai():
+    # imported on first use: ``import openai`` takes ~0.4 s here, and the first model
+    # call overlaps it with the kernel's start-up
+    import openai
+    return openai
+
+
 def _transient(exc: BaseException) -> bool:
+    openai = _openai()
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError,
                         openai.RateLimitError, openai.InternalServerError)):
         return True
@@ -95,9 +102,21 @@ class ModelClient:
                  backoff_max: float = 20.0) -> None:
         self.base_url = base_url
         self.max_attempts = max(1, int(max_attempts))
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY",
-                                     max_retries=0, timeout=timeout)
+        self._api_key = api_key or "EMPTY"
+        self._timeout = timeout
+        self._client_obj = None
+        self._init_lock = __import__("threading").Lock()
         self._backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
+
+    @property
+    def _client(self):
+        if self._client_obj is None:
+            with self._init_lock:
+                if self._client_obj is None:
+                    self._client_obj = _openai().OpenAI(base_url=self.base_url,
+                                                        api_key=self._api_key, max_retries=0,
+                                                        timeout=self._timeout)
+        return self._client_obj
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -108,8 +127,13 @@ class ModelClient:
 
     def complete(self, messages: list[dict], model: str, *, max_tokens: int | None = None,
                  temperature: float | None = None, stop: list[str] | None = None,
-                 timeout: float | None = None) -> Completion:
+                 timeout: float | None = None, deadline: float | None = None) -> Completion:
         """Send one chat completion; retry transient failures.
+
+        Args:
+            timeout: seconds per attempt (default: the client's).
+            deadline: a ``time.monotonic()`` instant after which no attempt is made or
+                kept waiting on (the wall-clock cap); each attempt's timeout is cut to it.
 
         Returns:
             Completion with text and usage.
@@ -131,8 +155,14 @@ class ModelClient:
         def once():
             n = len(attempts) + 1
             a0 = time.monotonic()
+            t = timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _openai().APITimeoutError(request=None)  # type: ignore[arg-type]
+                t = left if t is None else min(t, left)
             try:
-                client = self._client if timeout is None else self._client.with_options(timeout=timeout)
+                client = self._client if t is None else self._client.with_options(timeout=t)
                 resp = client.chat.completions.create(**kwargs)
             except Exception as exc:
                 attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
@@ -144,7 +174,12 @@ class ModelClient:
             attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4), "error": None})
             return resp
 
-        retrying = Retrying(stop=stop_after_attempt(self.max_attempts), wait=self._wait,
+        openai = _openai()
+        def past_deadline(state: RetryCallState) -> bool:
+            return deadline is not None and time.monotonic() + 0.01 >= deadline
+
+        retrying = Retrying(stop=stop_after_attempt(self.max_attempts) | past_deadline,
+                            wait=self._wait,
                             retry=retry_if_exception(_transient), reraise=True)
         try:
             resp = retrying(once)

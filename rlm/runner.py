@@ -250,14 +250,14 @@ class Run:
                 self.sent_calls += 1
                 comp = self.client.complete(messages, model, max_tokens=max_tokens,
                                             temperature=self.opts.temperature,
-                                            timeout=self._call_timeout())
+                                            deadline=self._deadline())
         except BudgetExceeded as exc:
             self.accountant.release(resv)
             self.end_stage(st.id, Status.budget_exceeded, error=str(exc))
             raise
         except Exception as exc:
             self.accountant.release(resv)
-            if self.cancelled.is_set():
+            if self.cancelled.is_set() or self.accountant.wall_remaining() == 0.0:
                 err = BudgetExceeded("wall", self.opts.budget.max_wall_seconds or 0,
                                      self.accountant.elapsed())
                 self.end_stage(st.id, Status.budget_exceeded, error=str(err))
@@ -278,9 +278,9 @@ class Run:
                 attempts=comp.attempts)
         return comp
 
-    def _call_timeout(self) -> float | None:
+    def _deadline(self) -> float | None:
         left = self.deadline_left()
-        return None if left is None else max(0.05, left + 0.2)
+        return None if left is None else time.monotonic() + left + 0.05
 
     # kernels ------------------------------------------------------------------
     def acquire_kernel(self) -> Kernel:

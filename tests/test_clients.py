@@ -1,0 +1,195 @@
+"""Model clients: retries of transient failures (429, 5xx, timeouts), fast failure of the
+rest, an endpoint that is down, and each attempt recorded, through the real ``openai``
+client against a real HTTP server."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import rlm
+from conftest import API_KEY, MODEL, Reply, closed_port, last_user, repl, script
+from harness.journal import Journal
+from rlm.clients import ModelClient
+
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+class Flaky:
+    """A responder that fails the first ``failures`` requests with ``fail`` and then
+    answers from ``then``; it records when each request arrived."""
+
+    def __init__(self, failures: int, fail: Reply, then):
+        self.failures, self.fail, self.then = failures, fail, then
+        self.arrivals: list[float] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, req):
+        with self._lock:
+            self.arrivals.append(time.monotonic())
+            n = len(self.arrivals)
+        if n <= self.failures:
+            return self.fail
+        return self.then(req) if callable(self.then) else self.then
+
+
+# --------------------------------------------------------------------------- ModelClient
+
+
+def test_429_with_retry_after_is_retried_and_honoured(scripted):
+    flaky = Flaky(2, Reply(status=429, content="slow down", headers={"Retry-After": "0.4"}), "hi")
+    srv = scripted(flaky)
+    comp = ModelClient(srv.base_url, API_KEY, max_attempts=4).complete(MSGS, MODEL)
+    assert comp.text == "hi"
+    assert srv.count == 3
+    gaps = [b - a for a, b in zip(flaky.arrivals, flaky.arrivals[1:])]
+    assert all(g >= 0.38 for g in gaps), gaps  # the server's Retry-After was waited out
+    assert [a["error"] is None for a in comp.attempts] == [False, False, True]
+    assert "429" in comp.attempts[0]["error"] or "RateLimit" in comp.attempts[0]["error"]
+
+
+def test_retry_after_ms_header(scripted):
+    flaky = Flaky(1, Reply(status=429, headers={"retry-after-ms": "300"}), "ok")
+    srv = scripted(flaky)
+    comp = ModelClient(srv.base_url, API_KEY, max_attempts=2).complete(MSGS, MODEL)
+    assert comp.text == "ok" and srv.count == 2
+    assert flaky.arrivals[1] - flaky.arrivals[0] >= 0.28
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_5xx_is_retried(scripted, status):
+    srv = scripted(Flaky(1, Reply(status=status, headers={"Retry-After": "0"}), "fine"))
+    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    assert comp.text == "fine" and srv.count == 2 and len(comp.attempts) == 2
+
+
+def test_persistent_5xx_gives_up_after_max_attempts(scripted):
+    srv = scripted(lambda req: Reply(status=503, content="overloaded", headers={"Retry-After": "0"}))
+    with pytest.raises(rlm.EndpointError) as ei:
+        ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    assert srv.count == 3
+    msg = str(ei.value)
+    assert "503" in msg and "3 attempt" in msg and srv.base_url in msg
+
+
+@pytest.mark.parametrize("status,hint", [(401, "api-key"), (404, "--model"), (400, "")])
+def test_non_transient_errors_fail_at_once(scripted, status, hint):
+    srv = scripted(lambda req: Reply(status=status, content="nope"))
+    with pytest.raises(rlm.EndpointError) as ei:
+        ModelClient(srv.base_url, API_KEY, max_attempts=5).complete(MSGS, MODEL)
+    assert srv.count == 1
+    assert f"HTTP {status}" in str(ei.value)
+    assert hint in str(ei.value)
+
+
+def test_timeout_is_retried(scripted):
+    flaky = Flaky(1, Reply(content="too late", delay=2.0), "in time")
+    srv = scripted(flaky)
+    t0 = time.monotonic()
+    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3, backoff_max=0.2).complete(
+        MSGS, MODEL, timeout=0.5)
+    assert comp.text == "in time"
+    assert srv.count == 2
+    assert "Timeout" in comp.attempts[0]["error"]
+    assert time.monotonic() - t0 < 2.0  # did not wait for the slow reply
+
+
+def test_backoff_without_retry_after_is_short_and_jittered(scripted):
+    flaky = Flaky(2, Reply(status=429), "eventually")
+    srv = scripted(flaky)
+    t0 = time.monotonic()
+    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    assert comp.text == "eventually" and srv.count == 3
+    # full jitter: each sleep is in [0, 0.5 * 2**n]; two retries stay well under 2 s
+    assert time.monotonic() - t0 < 2.5
+
+
+def test_usage_and_cost_come_from_the_reply(scripted):
+    srv = scripted(lambda req: Reply(content="x", usage={"prompt_tokens": 11, "completion_tokens": 3},
+                                     cost=0.002))
+    comp = ModelClient(srv.base_url, API_KEY).complete(MSGS, MODEL, max_tokens=7, temperature=0.0)
+    assert (comp.prompt_tokens, comp.completion_tokens, comp.cost_usd) == (11, 3, 0.002)
+    assert srv.requests[0]["max_tokens"] == 7 and srv.requests[0]["model"] == MODEL
+
+
+# --------------------------------------------------------------------------- 7. retries in a run
+
+
+@pytest.mark.parametrize("headers", [{"Retry-After": "0"}, {}], ids=["retry-after-0", "backoff"])
+def test_run_survives_two_429s(api, tmp_path, headers):
+    calls = {"n": 0}
+    lock = threading.Lock()
+    replies = iter([repl("print('first')"), repl("FINAL('done')")])
+
+    def responder(req):
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n in (2, 3):  # the second root turn is rate-limited twice
+            return Reply(status=429, content="rate limited", headers=headers)
+        return next(replies)
+
+    jpath = tmp_path / "j.sqlite3"
+    res, srv = api(responder, journal=str(jpath), run_id="retry-run")
+    assert res.status == "completed", res.reason
+    assert res.answer == "done"
+    assert srv.count == 4  # 1 + (2 refused + 1) for the second turn
+    assert res.usage["calls"] == 2  # attempts are not calls
+    with Journal(str(jpath)) as j:
+        calls_ = j.model_calls("retry-run")
+    assert len(calls_) == 2
+    attempts = [c["attempts"] for c in calls_]
+    assert [len(a) for a in attempts] == [1, 3]
+    assert [a["error"] is None for a in attempts[1]] == [False, False, True]
+    assert all("429" in a["error"] or "RateLimit" in a["error"] for a in attempts[1][:2])
+    # the stage tree carries them too
+    metas = [s.meta.get("attempts") for s in res.tree.all() if s.kind.value == "model_call"]
+    assert sorted(len(m) for m in metas) == [1, 3]
+
+
+def test_subcall_429_is_retried_inside_the_kernel_call(api):
+    sub = Flaky(1, Reply(status=429, headers={"Retry-After": "0"}), "sub answer")
+    res, srv = api(script([repl("x = llm_query('q')"), repl("FINAL(x)")], sub))
+    assert res.answer == "sub answer"
+    assert len(sub.arrivals) == 2
+
+
+def test_subcall_endpoint_error_is_an_exception_in_the_kernel(api):
+    replies = [repl("try:", "    llm_query('q')", "except Exception as e:",
+                    "    print('ERR', type(e).__name__, e)"),
+               repl("FINAL('handled')")]
+    res, srv = api(script(replies, lambda req: Reply(status=401, content="bad key")))
+    assert res.status == "completed" and res.answer == "handled"
+    fb = last_user(srv.requests[-1])
+    assert "ERR SubcallError" in fb and "401" in fb
+
+
+# --------------------------------------------------------------------------- 8. endpoint down
+
+
+def test_endpoint_down_raises_endpoint_error():
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    t0 = time.monotonic()
+    with pytest.raises(rlm.EndpointError) as ei:
+        rlm.completion("some text", "q?", base_url=url, api_key=API_KEY, model=MODEL,
+                       journal=False, max_attempts=2)
+    assert time.monotonic() - t0 < 15
+    msg = str(ei.value)
+    assert "unreachable" in msg and url in msg and "2 attempt" in msg
+    assert "--base-url" in msg
+    res = getattr(ei.value, "result", None)
+    assert res is not None and res.status == "failed" and res.answer is None
+
+
+def test_endpoint_down_marks_the_journal_run_failed(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    jpath = tmp_path / "j.sqlite3"
+    with pytest.raises(rlm.EndpointError):
+        rlm.completion("some text", "q?", base_url=url, api_key=API_KEY, model=MODEL,
+                       journal=str(jpath), run_id="down-run", max_attempts=1)
+    with Journal(str(jpath)) as j:
+        rec = j.get_run("down-run")
+    assert rec["state"] == "failed"
+    assert "unreachable" in (rec.get("error") or "")

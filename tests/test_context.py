@@ -1,0 +1,180 @@
+"""Loading contexts: bad files are refused with a clear message (CLI exit 2, no traceback),
+good ones reach the kernel as ``context`` exactly: text, latin-1 with ``--encoding``,
+``.json`` as dict/list, and stdin with ``--context -``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rlm
+from conftest import assert_clean_error, endpoint_args, repl, script
+from rlm.context import describe, load_context
+
+# --------------------------------------------------------------------------- CLI: refused input
+
+
+def _never(req):
+    raise AssertionError("no model call may be made for a refused context")
+
+
+@pytest.fixture
+def refuse(cli, scripted, tmp_path):
+    """``refuse(path_or_None, *extra, input=None) -> CLIResult`` for a context the CLI refuses;
+    checks that no model request was made."""
+    srv = scripted(_never)
+
+    def go(context: str, *extra: str, input=None):
+        res = cli("run", "--context", context, "--query", "q?", *endpoint_args(srv), *extra,
+                  input=input, timeout=60)
+        assert srv.count == 0
+        assert res.stdout == ""
+        return res
+
+    return go
+
+
+def test_empty_file(refuse, tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert_clean_error(refuse(str(tmp_path / "empty.txt")), 2, "empty", "empty.txt")
+
+
+def test_whitespace_only_file(refuse, tmp_path):
+    (tmp_path / "blank.txt").write_bytes(b"  \n\t\n  ")
+    assert_clean_error(refuse(str(tmp_path / "blank.txt")), 2, "empty")
+
+
+def test_binary_file(refuse, tmp_path):
+    (tmp_path / "blob.bin").write_bytes(b"%PDF-1.4\n\x00\x01\x02binary\x00stuff" * 10)
+    assert_clean_error(refuse(str(tmp_path / "blob.bin")), 2, "binary", "NUL")
+
+
+def test_missing_file(refuse, tmp_path):
+    assert_clean_error(refuse(str(tmp_path / "nope.txt")), 2, "not found", "nope.txt")
+
+
+def test_directory(refuse, tmp_path):
+    (tmp_path / "adir").mkdir()
+    assert_clean_error(refuse(str(tmp_path / "adir")), 2, "directory")
+
+
+def test_non_utf8_file(refuse, tmp_path):
+    (tmp_path / "latin.txt").write_bytes("Le café est très bon. Ça va?\n".encode("latin-1"))
+    res = refuse(str(tmp_path / "latin.txt"))
+    assert_clean_error(res, 2, "not valid utf-8", r"--encoding latin-1", "byte 6")
+
+
+def test_unknown_encoding(refuse, tmp_path):
+    (tmp_path / "t.txt").write_text("hello")
+    assert_clean_error(refuse(str(tmp_path / "t.txt"), "--encoding", "no-such-codec"), 2,
+                       "unknown encoding")
+
+
+def test_malformed_json(refuse, tmp_path):
+    (tmp_path / "bad.json").write_text('{"a": 1,\n "b": }')
+    assert_clean_error(refuse(str(tmp_path / "bad.json")), 2, "not valid JSON", "line 2")
+
+
+def test_empty_stdin(refuse):
+    assert_clean_error(refuse("-", input=""), 2, "empty", "stdin")
+
+
+# --------------------------------------------------------------------------- CLI: good input
+
+
+def _run_ok(cli, srv, context: str, *extra: str, input=None):
+    res = cli("run", "--context", context, "--query", "q?", "--no-journal", "-q",
+              *endpoint_args(srv), *extra, input=input)
+    assert res.rc == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    return res.stdout.strip()
+
+
+def test_latin1_file_with_encoding_flag(cli, scripted, tmp_path):
+    text = "Le café est très bon. Ça va?\n"
+    (tmp_path / "latin.txt").write_bytes(text.encode("latin-1"))
+    srv = scripted(script([repl("FINAL(context.split()[1] + '|' + str(len(context)))")]))
+    out = _run_ok(cli, srv, str(tmp_path / "latin.txt"), "--encoding", "latin-1")
+    assert out == f"café|{len(text)}"
+
+
+def test_json_dict_context(cli, scripted, tmp_path):
+    (tmp_path / "data.json").write_text(json.dumps({"title": "Report", "pages": ["p1", "p2", "p3"]}))
+    srv = scripted(script([repl("FINAL(type(context).__name__ + ':' + context['title'] + ':' "
+                                "+ str(len(context['pages'])))")]))
+    assert _run_ok(cli, srv, str(tmp_path / "data.json")) == "dict:Report:3"
+    system = srv.requests[0]["messages"][0]["content"]
+    assert "a dict" in system and "Report" not in system
+
+
+def test_json_list_context(cli, scripted, tmp_path):
+    (tmp_path / "docs.json").write_text(json.dumps(["first doc", "second doc", {"k": 1}]))
+    srv = scripted(script([repl("FINAL(type(context).__name__ + ':' + str(len(context)) + ':' "
+                                "+ context[1] + ':' + str(context[2]['k']))")]))
+    assert _run_ok(cli, srv, str(tmp_path / "docs.json")) == "list:3:second doc:1"
+
+
+def test_context_from_stdin(cli, scripted):
+    srv = scripted(script([repl("FINAL(repr(context))")]))
+    data = "piped in\nfrom stdin — ünïcode\n"
+    out = _run_ok(cli, srv, "-", input=data)
+    assert out == repr(data)
+
+
+def test_utf8_bom_is_dropped(cli, scripted, tmp_path):
+    (tmp_path / "bom.txt").write_bytes("\ufeffhello bom".encode("utf-8"))
+    srv = scripted(script([repl("FINAL(repr(context))")]))
+    assert _run_ok(cli, srv, str(tmp_path / "bom.txt")) == repr("hello bom")
+
+
+# --------------------------------------------------------------------------- load_context (no kernel)
+
+
+def test_load_context_values_and_paths(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("file text")
+    # a str is the context itself, even when it names an existing file
+    assert load_context(str(p)).value == str(p)
+    assert load_context(p).value == "file text"
+    assert load_context(["a", "b"]).value == ["a", "b"]
+    assert load_context({"k": [1]}).fmt == "json"
+    assert load_context(b"bytes ok").value == "bytes ok"
+
+
+@pytest.mark.parametrize("value,needle", [("", "empty"), ("   \n", "empty"), (b"\x00\x01", "binary"),
+                                          (b"caf\xe9", "not valid utf-8"), (3.5, "must be a str"),
+                                          ({"k": object()}, "JSON-like")])
+def test_load_context_refuses(value, needle):
+    with pytest.raises(rlm.ContextError, match=f"(?i){needle}"):
+        load_context(value)
+
+
+def test_binary_past_the_first_64k_is_not_sniffed_but_still_refused_if_undecodable(tmp_path):
+    p = tmp_path / "late-nul.txt"
+    p.write_bytes(b"a" * 70000 + b"\xff\x00")
+    with pytest.raises(rlm.ContextError):
+        load_context(p)
+
+
+def test_json_scalar_becomes_text(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text('"just a string"')
+    ctx = load_context(p)
+    assert ctx.value == "just a string" and ctx.fmt == "text"
+
+
+def test_describe_gives_sizes_not_content():
+    d = describe({"a": "xx", "b": [1, 2]})
+    assert d["type"] == "dict" and d["items"] == 2 and d["item_chars"] == {"a": 2, "b": 6}
+    d = describe(["abc", "de"])
+    assert d["item_chars"] == [3, 2] and d["chars"] == 5
+    assert describe("hello")["chars"] == 5
+
+
+def test_api_refuses_bad_path_before_starting_anything(tmp_path, scripted):
+    srv = scripted(_never)
+    with pytest.raises(rlm.ContextError, match="not found"):
+        rlm.completion(Path(tmp_path / "missing.txt"), "q", base_url=srv.base_url,
+                       api_key="k", model="m", journal=False)
+    assert srv.count == 0
