@@ -91,6 +91,7 @@ class Kernel:
         self.kc = None
         self.restarts = 0
         self._lock = threading.Lock()
+        self._closed = False
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> "Kernel":
@@ -110,7 +111,16 @@ class Kernel:
         except RuntimeError:
             km.shutdown_kernel(now=True)
             raise RuntimeError(f"the Jupyter kernel did not start within {self.start_timeout:g} s")
-        self.km, self.kc = km, kc
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.km, self.kc = km, kc
+        if closed:  # shut down while starting (e.g. the pool closed): do not leak it
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            if self._own_dir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise RuntimeError("kernel was shut down while starting")
         return self
 
     @property
@@ -131,6 +141,7 @@ class Kernel:
     def shutdown(self) -> None:
         """Kill the kernel at once (SIGKILL) and clean up its files. Idempotent."""
         with self._lock:
+            self._closed = True
             km, kc = self.km, self.kc
             self.km = self.kc = None
         if kc is not None:
@@ -143,7 +154,7 @@ class Kernel:
                 km.shutdown_kernel(now=True)
             except Exception:
                 pass
-        if self._own_dir:
+        if self._own_dir and km is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # execution -----------------------------------------------------------

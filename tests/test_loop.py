@@ -276,21 +276,25 @@ def test_kernel_that_keeps_dying_fails_with_kernel_error(api):
 # --------------------------------------------------------------------------- 10. API key
 
 
-def test_api_key_is_not_visible_in_the_kernel(api, monkeypatch):
+def test_api_key_is_not_visible_in_the_kernel(api, monkeypatch, tmp_path):
     secret = "sk-test-not-for-kernels-9f8e7d"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     monkeypatch.setenv("RLM_SOME_TOKEN", secret)
     replies = [repl("import os", "print(dict(os.environ))",
                     "print(open('/proc/self/environ', 'rb').read())"),
                repl("FINAL('ok')")]
-    res, srv = api(script(replies), api_key=secret)
+    jdir = tmp_path / "jdir"
+    jdir.mkdir()
+    res, srv = api(script(replies), api_key=secret, journal=str(jdir / "j.sqlite3"))
     assert res.status == "completed"
     shown = feedback_after(srv, 1)
     assert "PATH" in shown  # the environment really was printed
     assert secret not in shown
     assert "OPENAI_API_KEY" not in shown
-    # and the key went where it belongs: the HTTP request, not the prompt
+    # and the key went where it belongs: the HTTP request, not the prompt, not the journal
     assert secret not in str(srv.requests)
+    for f in jdir.iterdir():
+        assert secret.encode() not in f.read_bytes(), f
 
 
 # --------------------------------------------------------------------------- 12. iterations
@@ -375,3 +379,107 @@ def test_unicode_context_is_exact(api):
 def test_unknown_option_is_a_config_error():
     with pytest.raises(rlm.ConfigError, match="max_iteration"):
         rlm.completion("ctx", "q", max_iteration=3, journal=False)
+
+
+# --------------------------------------------------------------------------- more cell behaviour
+
+
+def test_interrupt_during_a_slow_subcall_does_not_desync_the_bridge(api):
+    """A cell interrupted while llm_query waits: the next call gets its own answer, not the
+    late reply to the interrupted one."""
+    def sub(req):
+        p = last_user(req)
+        return Reply(content="SLOW-ANSWER", delay=2.5) if p == "slow" else f"answer to {p}"
+
+    replies = [repl("x = llm_query('slow')"),
+               repl("print('GOT', llm_query('fast'))", "print('GOT2', llm_query('again'))"),
+               repl("FINAL('ok')")]
+    res, srv = api(script(replies, sub), cell_timeout=1)
+    assert res.status == "completed", res.reason
+    assert "interrupted" in feedback_after(srv, 1)
+    fb = feedback_after(srv, 2)
+    assert "GOT answer to fast" in fb and "GOT2 answer to again" in fb
+    assert "SLOW-ANSWER" not in fb
+
+
+def test_output_flood_is_interrupted_and_cut(api):
+    replies = [repl("while True:", "    print('spam ' * 40)"), repl("FINAL('quiet now')")]
+    t0 = time.monotonic()
+    res, srv = api(script(replies), cell_timeout=1, max_output_chars=1000)
+    assert res.status == "completed", res.reason
+    assert time.monotonic() - t0 < 20
+    fb = feedback_after(srv, 1)
+    assert "characters cut" in fb and "timeout" in fb
+    assert len(fb) < 1600
+
+
+def test_results_stderr_and_errors_are_shown(api):
+    replies = [repl("import sys", "print('to stderr', file=sys.stderr)", "6 * 7"),
+               repl("input('your name? ')"),
+               repl("def f():", "    raise ValueError('bad value 99')", "f()"),
+               repl("FINAL('ok')")]
+    res, srv = api(script(replies))
+    assert res.status == "completed", res.reason
+    fb1 = feedback_after(srv, 1)
+    assert "to stderr" in fb1 and "42" in fb1
+    assert "StdinNotImplementedError" in feedback_after(srv, 2)  # input() fails, it does not hang
+    fb3 = feedback_after(srv, 3)
+    assert "ValueError: bad value 99" in fb3 and "\x1b[" not in fb3
+
+
+def test_exit_in_a_cell_does_not_break_the_run(api):
+    context = "keep me " * 9
+    replies = [repl("exit()"), repl("print('LEN', len(context))"), repl("FINAL('alive')")]
+    res, srv = api(script(replies), context)
+    assert res.status == "completed", res.reason
+    assert res.answer == "alive"
+    assert f"LEN {len(context)}" in feedback_after(srv, 2)
+
+
+def test_batched_item_failure_is_reported_per_item(api):
+    def sub(req):
+        p = last_user(req)
+        return Reply(status=401, content="denied") if p == "bad" else p.upper()
+
+    replies = [repl("try:", "    llm_query_batched(['a', 'bad', 'c'])", "except BatchError as e:",
+                    "    print('ERRS', sorted(e.errors), e.results[0], e.results[2])",
+                    "r = llm_query_batched(['a', 'bad', 'c'], return_exceptions=True)",
+                    "print('TYPES', [type(x).__name__ for x in r])"),
+               repl("FINAL('ok')")]
+    res, srv = api(script(replies, sub))
+    assert res.status == "completed", res.reason
+    fb = feedback_after(srv, 1)
+    assert "ERRS [1] A C" in fb
+    assert "TYPES ['str', 'SubcallError', 'str']" in fb
+
+
+def test_rlm_at_the_depth_limit_is_a_plain_completion(api):
+    seen = []
+
+    def sub(req):
+        seen.append(req["messages"])
+        return "fallback answer"
+
+    res, srv = api(script([repl("FINAL(rlm('piece of text', 'what is it?'))")], sub), max_depth=1)
+    assert res.answer == "fallback answer"
+    assert len(seen) == 1 and len(seen[0]) == 1
+    assert seen[0][0]["content"] == "piece of text\n\nQuestion: what is it?"
+    assert res.stages.get("fallback") == 1 and res.kernels_started == 1
+
+
+def test_child_rlm_gets_its_own_kernel_and_context(api):
+    def responder(req):
+        msgs = req["messages"]
+        if "child question" in msgs[1]["content"]:
+            # the child: its own context, its own kernel (the parent's variables are absent)
+            return repl("FINAL(f\"{len(context)}:{'secret_var' in globals()}\")")
+        if len(msgs) == 2:
+            return repl("secret_var = 1", "out = rlm(context[:50], 'child question')", "print('CHILD', out)")
+        return repl("FINAL(out)")
+
+    res, srv = api(responder, "z" * 500, max_depth=2, pool_size=0)
+    assert res.status == "completed", res.reason
+    assert res.answer == "50:False"
+    assert res.kernels_started == 2 and res.max_level == 1
+    child_sys = [r for r in srv.requests if "child question" in r["messages"][1]["content"]][0]
+    assert "50 characters" in child_sys["messages"][0]["content"]

@@ -1,0 +1,236 @@
+"""The ``rlm`` command line, run as a real subprocess against a scripted endpoint:
+exit codes, ``--json``, help text, an endpoint that is down, the journal round trip
+(run twice, replay, show, runs, export)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import (API_KEY, MODEL, Reply, assert_clean_error, closed_port, endpoint_args,
+                      last_user, repl, script)
+
+
+@pytest.fixture
+def ctx_file(tmp_path):
+    p = tmp_path / "doc.txt"
+    p.write_text("The vault code is 4417. " * 20 + "Nothing else matters.\n")
+    return p
+
+
+# --------------------------------------------------------------------------- 11. help, --json
+
+
+def test_help_mentions_exit_codes(cli):
+    for args in (["--help"], ["run", "--help"]):
+        res = cli(*args)
+        assert res.rc == 0
+        out = res.stdout
+        assert "exit codes" in out
+        for code, word in (("2", "bad input"), ("3", "endpoint"), ("5", "budget"), ("7", "without an answer")):
+            assert any(line.strip().startswith(code) and word in line for line in out.splitlines()), \
+                (args, code)
+
+
+def test_no_command_prints_help_and_exits_2(cli):
+    res = cli()
+    assert res.rc == 2 and "COMMAND" in res.stdout
+
+
+def test_bad_flag_value_exits_2(cli, ctx_file):
+    res = cli("run", "--context", str(ctx_file), "--max-iterations", "many")
+    assert res.rc == 2 and "Traceback" not in res.stderr and "invalid int" in res.stderr
+
+
+def test_json_output(cli, scripted, ctx_file):
+    srv = scripted(script([repl("code = context.split()[4].rstrip('.')", "print(code)"),
+                           repl("FINAL(code)")]))
+    res = cli("run", "--context", str(ctx_file), "--query", "What is the vault code?", "--json",
+              "--run-id", "json-run", *endpoint_args(srv))
+    assert res.rc == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert obj["answer"] == "4417"
+    assert obj["status"] == "completed"
+    assert obj["run_id"] == "json-run"
+    assert obj["iterations"] == 2
+    u = obj["usage"]
+    assert u["prompt_tokens"] == sum(x["prompt_tokens"] for x in srv.usages)
+    assert u["completion_tokens"] == sum(x["completion_tokens"] for x in srv.usages)
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["calls"] == srv.count == 2
+
+
+def test_plain_output_is_the_answer_alone(cli, scripted, ctx_file):
+    srv = scripted(script([repl("FINAL('just this')")]))
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--no-journal", *endpoint_args(srv))
+    assert res.rc == 0, res.stderr
+    assert res.stdout == "just this\n"
+    assert "completed" in res.stderr  # the summary goes to stderr
+
+
+def test_model_name_is_required_with_an_endpoint(cli, scripted, ctx_file):
+    srv = scripted(script([]))
+    res = cli("run", "--context", str(ctx_file), "--base-url", srv.base_url, "--no-journal")
+    assert_clean_error(res, 2, "--model")
+    assert srv.count == 0
+
+
+def test_endpoint_settings_from_the_environment(cli, scripted, ctx_file):
+    srv = scripted(script([repl("FINAL('via env')")]))
+    res = cli("run", "--context", str(ctx_file), "--no-journal", "-q",
+              env={"OPENAI_BASE_URL": srv.base_url, "OPENAI_API_KEY": API_KEY, "RLM_MODEL": "env-m"})
+    assert res.rc == 0, res.stderr
+    assert res.stdout.strip() == "via env"
+    assert srv.requests[0]["model"] == "env-m"
+
+
+# --------------------------------------------------------------------------- 8. endpoint down
+
+
+def test_endpoint_down_exits_3(cli, ctx_file):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--base-url", url,
+              "--api-key", API_KEY, "--model", MODEL, timeout=120)
+    assert_clean_error(res, 3, "unreachable", url.replace(".", r"\."))
+    assert res.stdout == ""
+    assert res.seconds < 60, f"an unreachable endpoint took {res.seconds:.1f} s to report"
+
+
+def test_http_401_exits_3_at_once(cli, scripted, ctx_file):
+    srv = scripted(lambda req: Reply(status=401, content="invalid api key"))
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--no-journal", *endpoint_args(srv))
+    assert_clean_error(res, 3, "HTTP 401", "api-key")
+    assert srv.count == 1
+
+
+# --------------------------------------------------------------------------- 12. no FINAL: exit 7
+
+
+def test_no_final_exits_7(cli, scripted, ctx_file):
+    srv = scripted(script([repl("print('thinking')")] * 3))
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--max-iterations", "2",
+              "--no-journal", *endpoint_args(srv))
+    assert res.rc == 7, res.stderr
+    assert res.stdout == ""
+    assert "ended without an answer" in res.stderr and "Traceback" not in res.stderr
+    assert srv.count == 3
+    assert "last turn" in last_user(srv.requests[-1])
+
+
+def test_budget_cap_exits_5(cli, scripted, ctx_file):
+    srv = scripted(script([repl("print(1)")] * 5))
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--max-calls", "2", "--no-journal",
+              *endpoint_args(srv))
+    assert res.rc == 5, res.stderr
+    assert "calls" in res.stderr and "Traceback" not in res.stderr
+    assert srv.count == 2  # the refused call was never sent
+
+
+# --------------------------------------------------------------------------- 10. the key, CLI side
+
+
+def test_kernel_cannot_read_the_key_from_the_host_process(cli, scripted, ctx_file):
+    """The host holds the key; its kernel must not be able to read it, from its own
+    environment or from the environment of the host process that started it."""
+    secret = "sk-cli-secret-31337"
+    code = repl("import os",
+                "print('OWN', dict(os.environ))",
+                "try:",
+                "    print('PARENT', open(f'/proc/{os.getppid()}/environ', 'rb').read())",
+                "except OSError as e:",
+                "    print('PARENT unreadable', e)")
+    srv = scripted(script([code, repl("FINAL('ok')")]))
+    res = cli("run", "--context", str(ctx_file), "--query", "q", "--no-journal", "--model", MODEL,
+              env={"OPENAI_BASE_URL": srv.base_url, "OPENAI_API_KEY": secret})
+    assert res.rc == 0, res.stderr
+    shown = last_user(srv.requests[1])
+    assert "OWN" in shown and "PARENT" in shown
+    assert secret not in shown
+
+
+# --------------------------------------------------------------------------- 15. the journal round trip
+
+
+def test_journal_round_trip(cli, scripted, ctx_file):
+    replies = [repl("pos = context.find('vault')", "print('POS', pos)"),
+               repl("ans = llm_query('What is the code? ' + context[pos:pos + 30])"),
+               repl("FINAL(ans.strip())")]
+    srv = scripted(script(replies, lambda req: " 4417 "))
+    args = ["run", "--context", str(ctx_file), "--query", "What is the vault code?",
+            "--run-id", "trip-1", *endpoint_args(srv)]
+
+    first = cli(*args)
+    assert first.rc == 0, first.stderr
+    assert first.stdout.strip() == "4417"
+    sent = srv.count
+    assert sent == 4
+
+    # the same run id again: the recorded answer, no new request
+    again = cli(*args)
+    assert again.rc == 0, again.stderr
+    assert again.stdout.strip() == "4417"
+    assert srv.count == sent
+
+    # replay: re-executes the cells, zero requests, same answer
+    rp = cli("replay", "trip-1")
+    assert rp.rc == 0, rp.stderr
+    assert rp.stdout.strip() == "4417"
+    assert srv.count == sent
+    assert "4 model call(s) served from the journal" in rp.stderr
+
+    # replay --json tells how many calls were served
+    rpj = cli("replay", "trip-1", "--json")
+    assert rpj.rc == 0, rpj.stderr
+    assert json.loads(rpj.stdout)["replayed_calls"] == 4
+    assert srv.count == sent
+
+    # show: the stage tree
+    sh = cli("show", "trip-1")
+    assert sh.rc == 0, sh.stderr
+    assert "state=completed" in sh.stdout and "answer: 4417" in sh.stdout
+    for kind in ("[run]", "[iteration]", "[model_call]", "[cell]", "[llm_query]"):
+        assert kind in sh.stdout, kind
+    assert sh.stdout.count("[iteration]") == 3
+    assert "4 calls" in sh.stdout
+
+    # runs: lists it
+    rs = cli("runs")
+    assert rs.rc == 0
+    row = [ln for ln in rs.stdout.splitlines() if ln.startswith("trip-1")]
+    assert row and "completed" in row[0]
+    rsj = json.loads(cli("runs", "--json").stdout)
+    assert [r["run_id"] for r in rsj] == ["trip-1"]
+
+    # export: JSON lines
+    ex = cli("export", "trip-1")
+    assert ex.rc == 0
+    recs = [json.loads(ln) for ln in ex.stdout.splitlines() if ln.strip()]
+    assert len(recs) > 10
+    assert srv.count == sent
+
+
+def test_replay_works_with_the_endpoint_gone(cli, scripted, ctx_file):
+    srv = scripted(script([repl("x = llm_query('hi')"), repl("FINAL(x)")], lambda req: "from-sub"))
+    first = cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "gone-1",
+                *endpoint_args(srv))
+    assert first.rc == 0 and first.stdout.strip() == "from-sub"
+    srv.__exit__(None, None, None)  # the endpoint is down from here on
+    rp = cli("replay", "gone-1")
+    assert rp.rc == 0, rp.stderr
+    assert rp.stdout.strip() == "from-sub"
+
+
+def test_show_unknown_run_exits_2(cli):
+    res = cli("show", "no-such-run")
+    assert_clean_error(res, 2, "no-such-run")
+
+
+def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
+    srv = scripted(script([repl("FINAL(len(context))")]))
+    assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "div-1",
+               *endpoint_args(srv)).rc == 0
+    ctx_file.write_text("something else entirely")
+    res = cli("replay", "div-1")
+    assert_clean_error(res, 6, "changed")
