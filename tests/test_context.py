@@ -178,3 +178,17 @@ def test_api_refuses_bad_path_before_starting_anything(tmp_path, scripted):
         rlm.completion(Path(tmp_path / "missing.txt"), "q", base_url=srv.base_url,
                        api_key="k", model="m", journal=False)
     assert srv.count == 0
+
+
+def test_replay_of_a_latin1_run(cli, scripted, tmp_path):
+    """A run whose context needed --encoding latin-1 can be replayed from the journal."""
+    (tmp_path / "latin.txt").write_bytes("Le café est très bon.\n".encode("latin-1"))
+    srv = scripted(script([repl("FINAL(context.split()[1])")]))
+    first = cli("run", "--context", str(tmp_path / "latin.txt"), "--query", "q", "--encoding",
+                "latin-1", "--run-id", "latin-run", *endpoint_args(srv))
+    assert first.rc == 0, first.stderr
+    assert first.stdout.strip() == "café"
+    rp = cli("replay", "latin-run")
+    assert rp.rc == 0, rp.stderr
+    assert rp.stdout.strip() == "café"
+    assert srv.count == 1

