@@ -464,6 +464,8 @@ class Journal:
 
     def _locked(self) -> threading.Lock:
         """The lock guarding the connection (a fresh one after ``fork()``)."""
+        if self._pid != os.getpid():
+            self._after_fork()
         return self._lock
 
     def _connection(self) -> sqlite3.Connection:

@@ -234,3 +234,26 @@ def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
     ctx_file.write_text("something else entirely")
     res = cli("replay", "div-1")
     assert_clean_error(res, 6, "changed")
+
+
+def test_replay_of_a_run_without_answer_does_not_print_none(cli, scripted, ctx_file):
+    srv = scripted(script([repl("print('hm')")] * 2))
+    first = cli("run", "--context", str(ctx_file), "--query", "q", "--max-iterations", "1",
+                "--run-id", "noans-1", *endpoint_args(srv))
+    assert first.rc == 7, first.stderr
+    rp = cli("replay", "noans-1")
+    assert srv.count == 2
+    assert rp.stdout.strip() != "None", "replay printed the missing answer as the text 'None'"
+    assert rp.rc == 7, (rp.rc, rp.stdout, rp.stderr)
+
+
+def test_rerun_of_a_budget_stopped_run_names_the_cap_again(cli, scripted, ctx_file):
+    srv = scripted(script([repl("print(1)")] * 5))
+    args = ["run", "--context", str(ctx_file), "--query", "q", "--max-calls", "1",
+            "--run-id", "cap-1", *endpoint_args(srv)]
+    first = cli(*args)
+    assert first.rc == 5 and first.stderr.startswith("rlm: budget cap 'calls'"), first.stderr
+    again = cli(*args)
+    assert srv.count == 1
+    assert again.rc == 5, again.stderr
+    assert again.stderr.startswith("rlm: budget cap 'calls'"), again.stderr
