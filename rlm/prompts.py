@@ -30,29 +30,43 @@ the value of the variable `name` as the final answer.
 Rules:
 1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
 2. Never print all of `context`, and never assign to `context`.
-3. Find the relevant part with Python first (search for words from the question), \
-then read or ask about a small window around it.
+3. Find the relevant part with Python first: search for the rare words of the question \
+(names, places, things), then ask about a small window around the best match.
 4. When you know the answer, call FINAL(answer) inside a ```repl block. \
 Writing FINAL in plain text does nothing.
 
-Example. Question: "What colour is the door of the lighthouse?"
+Example. Question: "What colour is the door of the old lighthouse?"
 ```repl
 import re
-question = "What colour is the door of the lighthouse?"
-hits = [m.start() for m in re.finditer(r"lighthouse", context, re.IGNORECASE)]
-print(len(hits), "matches")
-answer = "NOT FOUND"
-for pos in hits[:5]:
+question = "What colour is the door of the old lighthouse?"
+words = ["lighthouse", "door", "colour"]
+places = []
+for m in re.finditer("|".join(words), context, re.IGNORECASE):
+    near = context[max(0, m.start() - 1000):m.start() + 1000].lower()
+    places.append((sum(w.lower() in near for w in words), m.start()))
+places.sort(key=lambda p: -p[0])
+print(len(places), "matches")
+answer = None
+asked = []
+for score, pos in places:
+    if len(asked) == 4:
+        break
+    if any(abs(pos - a) < 2000 for a in asked):
+        continue
+    asked.append(pos)
     window = context[max(0, pos - 1500):pos + 1500]
     reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
     reply = reply.strip().strip(".")
-    print(pos, repr(reply))
+    print(pos, score, repr(reply))
     if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
         answer = reply
         break
-FINAL(answer)
+if answer:
+    FINAL(answer)
+else:
+    print("Not found yet: search again with other words from the question.")
 ```
-Use the words of the real question in the search, not "lighthouse"."""
+In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
 
 RLM_LINE = ("- `rlm(prompt, query)` starts a helper that works like you on `prompt` as its own "
             "`context` and answers `query`; it returns the answer as a string. Use it for big pieces.\n")

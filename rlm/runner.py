@@ -118,8 +118,11 @@ class _Replay:
                 raise DivergenceError(f"replay: call {call_id} is not in the journal of run "
                                       f"{self.run_id}; the run took a different path")
             return None
-        if rec["request_hash"] != req_hash:
-            d = {"call_id": call_id, "recorded_hash": rec["request_hash"], "new_hash": req_hash}
+        # the stored request itself is re-hashed, so an edited journal is caught too
+        stored = rec.get("request")
+        stored_hash = request_hash(stored) if isinstance(stored, dict) else rec["request_hash"]
+        if rec["request_hash"] != req_hash or stored_hash != req_hash:
+            d = {"call_id": call_id, "recorded_hash": stored_hash, "new_hash": req_hash}
             with self._lock:
                 self.divergences.append(d)
             if self.policy == "live" and not self.strict:

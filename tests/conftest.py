@@ -74,10 +74,6 @@ def repl(*lines: str) -> str:
 # --------------------------------------------------------------------------- responders
 
 
-class ScriptExhausted(AssertionError):
-    pass
-
-
 @dataclass
 class Script:
     """A responder: root turns come from ``replies`` in order; sub-calls from ``sub``.
@@ -142,6 +138,9 @@ def scripted():
 
     def start(responder: Callable[[dict], Any], latency: float = 0.0) -> ScriptedServer:
         srv = ScriptedServer(responder, latency=latency)
+        # serve_forever polls for shutdown every 0.5 s by default: 0.5 s of teardown per test
+        srv._thread = threading.Thread(target=srv.httpd.serve_forever,
+                                       kwargs={"poll_interval": 0.02}, daemon=True)
         srv.__enter__()
         servers.append(srv)
         return srv

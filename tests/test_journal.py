@@ -269,6 +269,14 @@ def test_model_call_same_id_idempotent_or_conflict(j):
                             response="third", usage={}, attempts=[])
     assert j.lookup_model_call("r", "c")["response"] == "first"
     assert len(j.model_calls("r")) == 1
+    # a resumed run that went live after a divergence supersedes the record on purpose
+    assert j.record_model_call("r", "c", request_hash=request_hash({"p": 2}), request={"p": 2},
+                               response="live", usage={"n": 1}, attempts=[1],
+                               replace=True) is True
+    got = j.lookup_model_call("r", "c")
+    assert (got["request"], got["response"], got["usage"], got["attempts"]) == (
+        {"p": 2}, "live", {"n": 1}, [1])
+    assert got["request_hash"] == request_hash({"p": 2}) and len(j.model_calls("r")) == 1
 
 
 def test_request_hash_is_canonical():
@@ -372,6 +380,91 @@ def socket_host() -> str:
     return socket.gethostname()
 
 
+OWNER = r"""
+import os, sys, time
+from harness.journal import Journal
+j = Journal(sys.argv[1])
+j.create_run(sys.argv[2], query="q", model="m")
+print("ready", flush=True)
+if sys.argv[3] == "exit":
+    os._exit(0)  # dies without finishing the run: a crash
+time.sleep(120)
+"""
+
+
+def test_dead_owner_on_this_host_is_crashed_at_once(j, jpath):
+    p = subprocess.run([sys.executable, "-c", OWNER, str(jpath), "r", "exit"], env=sub_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "ready", p.stderr
+    run = j.get_run("r")
+    assert run["status"] == "running" and time.time() - run["heartbeat_at"] < j.stale_after
+    assert run["owner_pid"] != os.getpid()
+    assert run["state"] == "crashed"  # no need to wait stale_after seconds
+    assert j.claim_run("r") is True
+    run = j.get_run("r")
+    assert run["owner_pid"] == os.getpid() and run["state"] == "running"
+    assert j.claim_run("r") is False
+
+
+def test_dead_owner_claim_has_one_winner(jpath):
+    Journal(jpath).close()
+    p = subprocess.run([sys.executable, "-c", OWNER, str(jpath), "r", "exit"], env=sub_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "ready", p.stderr
+    journals = [Journal(jpath) for _ in range(8)]
+    barrier = threading.Barrier(len(journals))
+    results = []
+
+    def claim(jj):
+        barrier.wait()
+        results.append(jj.claim_run("r"))
+
+    threads = [threading.Thread(target=claim, args=(jj,)) for jj in journals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for jj in journals:
+        jj.close()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_live_owner_then_killed_unreaped(jpath):
+    j = Journal(jpath, stale_after=600)  # only the process check can call it crashed
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(jpath), "r", "sleep"],
+                            env=sub_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        assert j.get_run("r")["state"] == "running"
+        assert j.claim_run("r") is False  # its owner is alive: never taken
+        proc.kill()  # not reaped yet: a zombie still has a pid
+        deadline = time.time() + 5
+        while j.get_run("r")["state"] != "crashed":
+            assert time.time() < deadline, "a killed, unreaped owner never looked crashed"
+            time.sleep(0.01)
+        assert j.claim_run("r") is True
+    finally:
+        proc.kill()
+        proc.wait()
+        j.close()
+
+
+def test_dead_pid_on_another_host_is_judged_by_heartbeat_only(j, jpath):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    j.create_run("r", query="q", model="m")
+    con = raw(jpath)
+    con.execute("UPDATE runs SET owner_pid = ?, owner_host = 'another-host' WHERE run_id = 'r'",
+                (int(dead),))
+    con.close()
+    assert j.get_run("r")["state"] == "running"
+    assert j.claim_run("r") is False
+    age_heartbeat(jpath, "r", 60)
+    assert j.get_run("r")["state"] == "crashed"
+    assert j.claim_run("r") is True
+
+
 def test_claim_interrupted_run_clears_finished_at(j):
     j.create_run("r", query="q", model="m")
     j.finish_run("r", status="interrupted", error="Ctrl-C")
@@ -410,6 +503,8 @@ def test_heartbeat_only_refreshes_own_running_run(j, jpath):
     con.close()
     assert j.heartbeat("r") is False
     assert j.heartbeat("missing") is False
+    with pytest.raises(JournalError, match="not a running run owned by this process"):
+        j.start_heartbeat("r")
 
 
 def test_start_heartbeat_keeps_run_alive_and_stops(jpath):
@@ -672,9 +767,15 @@ from harness.journal import Journal, request_hash
 path, name, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 j = Journal(path)
 j.create_run(name, query="q", model="m")
+(go.parent / f"ready-{name}").touch()
 while not go.exists():
     time.sleep(0.005)
+other = go.parent / ("half-p1" if name == "p0" else "half-p0")
 for i in range(n):
+    if i == n // 2:  # rendezvous: neither finishes before the other has started
+        (go.parent / f"half-{name}").touch()
+        while not other.exists():
+            time.sleep(0.001)
     st = {"id": f"{name}/s{i}", "parent_id": name, "kind": "llm_query", "level": 0,
           "ordinal": i, "status": "pending", "meta": {"i": i}}
     j.record_event({"run_id": name, "stage": st, "from": None, "to": "pending",
@@ -698,7 +799,10 @@ def test_two_processes_write_the_same_file(jpath, tmp_path):
                               stderr=subprocess.PIPE, text=True) for k in range(2)]
     with Journal(jpath) as j:
         j.create_run("parent", query="q", model="m")
-        time.sleep(0.3)
+        deadline = time.time() + 60
+        while not all((tmp_path / f"ready-p{k}").exists() for k in range(2)):
+            assert time.time() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.01)
         go.touch()
         for i in range(n):  # the parent writes at the same time
             lifecycle(j, "parent", f"s{i}") if i % 10 == 0 else j.record_cell(
@@ -714,6 +818,9 @@ def test_two_processes_write_the_same_file(jpath, tmp_path):
             assert len(j.model_calls(name)) == n // 4
             assert j.get_run(name)["state"] == "completed"
             assert j.get_run(name)["owner_pid"] == procs[k].pid
+        s0 = [e["seq"] for e in j.events("p0")]
+        s1 = [e["seq"] for e in j.events("p1")]
+        assert s0[0] < s1[-1] and s1[0] < s0[-1]  # the two processes' writes interleaved
         assert len(j.events("parent")) == 3 * (n // 10)
         assert len(j.cells("parent")) == n - n // 10
         assert j.integrity_check() == []

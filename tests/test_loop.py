@@ -5,7 +5,6 @@ model was shown (the requests the server received) and what the run returned.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -13,8 +12,7 @@ import time
 import pytest
 
 import rlm
-from conftest import API_KEY, MODEL, Reply, is_root, last_user, repl, root_requests, script, \
-    sub_requests
+from conftest import Reply, last_user, repl, root_requests, script, sub_requests
 
 
 def feedback_after(srv, turn: int) -> str:
