@@ -127,11 +127,14 @@ class ModelClient:
 
     def complete(self, messages: list[dict], model: str, *, max_tokens: int | None = None,
                  temperature: float | None = None, stop: list[str] | None = None,
-                 timeout: float | None = None, deadline: float | None = None) -> Completion:
+                 timeout: float | None = None, deadline: float | None = None,
+                 call_id: str | None = None) -> Completion:
         """Send one chat completion; retry transient failures.
 
         Args:
             timeout: seconds per attempt (default: the client's).
+            call_id: sent as the ``X-RLM-Call-Id`` header (run id and stage id), so a
+                provider or proxy can trace, and de-duplicate, retried calls.
             deadline: a ``time.monotonic()`` instant after which no attempt is made or
                 kept waiting on (the wall-clock cap); each attempt's timeout is cut to it.
 
@@ -151,6 +154,8 @@ class ModelClient:
             kwargs["temperature"] = float(temperature)
         if stop:
             kwargs["stop"] = stop
+        if call_id:
+            kwargs["extra_headers"] = {"X-RLM-Call-Id": call_id}
 
         def once():
             n = len(attempts) + 1

@@ -175,6 +175,7 @@ class Run:
         self._need_count = (options.budget.max_tokens is not None
                             or options.budget.max_cost_usd is not None)
         self.cancelled = threading.Event()
+        self.fatal: RLMError | None = None  # a divergence anywhere in the tree ends the run
         self.kernels_started = 0
         self._klock = threading.Lock()
         self.instances: list[Instance] = []
@@ -220,11 +221,18 @@ class Run:
         request = {"model": model, "messages": messages, "max_tokens": max_tokens,
                    "temperature": self.opts.temperature}
         rh = request_hash(request)
+        if self.fatal is not None:
+            self.tree.transition(st.id, Status.pending, Status.cancelled, error=str(self.fatal))
+            raise self.fatal
         if self.replay is not None:
             try:
                 rec = self.replay.lookup(st.id, rh)
             except DivergenceError as exc:
                 self.tree.transition(st.id, Status.pending, Status.failed, error=str(exc))
+                # a divergence ends the whole run: it is not an error the model's code may catch
+                with self._klock:
+                    if self.fatal is None:
+                        self.fatal = exc
                 raise
             if rec is not None:
                 resp = rec["response"]
@@ -253,7 +261,8 @@ class Run:
                 self.sent_calls += 1
                 comp = self.client.complete(messages, model, max_tokens=max_tokens,
                                             temperature=self.opts.temperature,
-                                            deadline=self._deadline())
+                                            deadline=self._deadline(),
+                                            call_id=f"{self.run_id}/{st.id}")
         except BudgetExceeded as exc:
             self.accountant.release(resv)
             self.end_stage(st.id, Status.budget_exceeded, error=str(exc))
@@ -278,7 +287,7 @@ class Run:
                 response=comp.to_dict(), usage={"prompt_tokens": comp.prompt_tokens,
                                                 "completion_tokens": comp.completion_tokens,
                                                 "cost_usd": cost},
-                attempts=comp.attempts)
+                attempts=comp.attempts, replace=self.replay is not None)
         return comp
 
     def _deadline(self) -> float | None:
@@ -630,6 +639,9 @@ class Instance:
                                               "final": res.final})
                 feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error,
                                                       res.timed_out, res.died, opts.cell_timeout))
+                if run.fatal is not None:
+                    run.end_stage(it.id, Status.failed, error=str(run.fatal))
+                    raise run.fatal
                 if res.final is not None:
                     answer = res.final
                     break

@@ -58,6 +58,7 @@ class ScriptedServer:
         self.latency = latency
         self.requests: list[dict] = []
         self.usages: list[dict] = []
+        self.call_ids: list[str | None] = []  # X-RLM-Call-Id of each request, in arrival order
         self._lock = threading.Lock()
         outer = self
 
@@ -77,8 +78,10 @@ class ScriptedServer:
                 req = json.loads(self.rfile.read(n) or b"{}")
                 with outer._lock:
                     outer.requests.append(req)
+                    outer.call_ids.append(self.headers.get("X-RLM-Call-Id"))
                 try:
-                    rep = outer.responder(req)
+                    # the responder also sees the call id header as "_call_id"
+                    rep = outer.responder(dict(req, _call_id=self.headers.get("X-RLM-Call-Id")))
                 except Exception as exc:  # a bug in a test's script: make it loud
                     rep = Reply(content=f"responder error: {exc!r}", status=500)
                 if isinstance(rep, str):

@@ -131,15 +131,23 @@ def test_utf8_bom_is_dropped(cli, scripted, tmp_path):
 # --------------------------------------------------------------------------- load_context (no kernel)
 
 
+def _load(source, **kw):
+    """load_context, removing the temporary file it may write (the caller owns it)."""
+    ctx = load_context(source, **kw)
+    if ctx.owned and ctx.path:
+        Path(ctx.path).unlink()
+    return ctx
+
+
 def test_load_context_values_and_paths(tmp_path):
     p = tmp_path / "t.txt"
     p.write_text("file text")
     # a str is the context itself, even when it names an existing file
-    assert load_context(str(p)).value == str(p)
-    assert load_context(p).value == "file text"
-    assert load_context(["a", "b"]).value == ["a", "b"]
-    assert load_context({"k": [1]}).fmt == "json"
-    assert load_context(b"bytes ok").value == "bytes ok"
+    assert _load(str(p)).value == str(p)
+    assert _load(p).value == "file text"
+    assert _load(["a", "b"]).value == ["a", "b"]
+    assert _load({"k": [1]}).fmt == "json"
+    assert _load(b"bytes ok").value == "bytes ok"
 
 
 @pytest.mark.parametrize("value,needle", [("", "empty"), ("   \n", "empty"), (b"\x00\x01", "binary"),
@@ -147,20 +155,20 @@ def test_load_context_values_and_paths(tmp_path):
                                           ({"k": object()}, "JSON-like")])
 def test_load_context_refuses(value, needle):
     with pytest.raises(rlm.ContextError, match=f"(?i){needle}"):
-        load_context(value)
+        _load(value)
 
 
-def test_binary_past_the_first_64k_is_not_sniffed_but_still_refused_if_undecodable(tmp_path):
+def test_undecodable_bytes_past_the_first_64k_are_refused(tmp_path):
     p = tmp_path / "late-nul.txt"
     p.write_bytes(b"a" * 70000 + b"\xff\x00")
     with pytest.raises(rlm.ContextError):
-        load_context(p)
+        _load(p)
 
 
 def test_json_scalar_becomes_text(tmp_path):
     p = tmp_path / "s.json"
     p.write_text('"just a string"')
-    ctx = load_context(p)
+    ctx = _load(p)
     assert ctx.value == "just a string" and ctx.fmt == "text"
 
 

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from rlm.runner import request_hash
 from scripted_server import Reply, ScriptedServer
 
 CONTEXT = "".join(f"<section {i:02d}: the quick brown fox {i * 7 % 31}> " for i in range(12))
@@ -53,12 +52,6 @@ HOST = textwrap.dedent("""
 """)
 
 
-def _req_hash(body: dict) -> str:
-    return request_hash({"model": body.get("model"), "messages": body.get("messages"),
-                         "max_tokens": body.get("max_tokens"),
-                         "temperature": body.get("temperature")})
-
-
 def _cli(*args, env=None, timeout=180):
     return subprocess.run([sys.executable, "-m", "rlm", *args], capture_output=True, text=True,
                           timeout=timeout, env=env or dict(os.environ))
@@ -73,11 +66,12 @@ def setup(tmp_path):
     return ctx, host, tmp_path
 
 
-def _recorded_hashes(journal: str, run_id: str) -> set[str]:
+def _recorded_calls(journal: str, run_id: str) -> set[str]:
+    """The call ids the journal holds, as sent in the X-RLM-Call-Id header."""
     con = sqlite3.connect(journal)
     try:
-        return {h for (h,) in con.execute("SELECT request_hash FROM model_calls WHERE run_id = ?",
-                                          (run_id,))}
+        return {f"{run_id}/{c}" for (c,) in con.execute(
+            "SELECT call_id FROM model_calls WHERE run_id = ?", (run_id,))}
     finally:
         con.close()
 
@@ -92,7 +86,7 @@ def test_crash_at_20_points_then_resume(setup):
             state["n"] += 1
             n = state["n"]
             if state["killed"]:
-                state["after_kill"].append(_req_hash(req))
+                state["after_kill"].append(req["_call_id"])
             if state["kill_at"] is not None and n == state["kill_at"] and state["pid"]:
                 os.kill(state["pid"], signal.SIGKILL)
                 state["killed"] = True
@@ -119,7 +113,7 @@ def test_crash_at_20_points_then_resume(setup):
             state["pid"] = proc.pid
             proc.communicate(timeout=180)
             assert proc.returncode == -signal.SIGKILL, f"kill point {k} did not kill the host"
-            held = _recorded_hashes(journal, run_id)
+            held = _recorded_calls(journal, run_id)
             with lock:
                 state["kill_at"] = None
                 state["after_kill"] = []
@@ -127,7 +121,7 @@ def test_crash_at_20_points_then_resume(setup):
                      "--api-key", "k", "--model", "m", "--quiet")
             assert r.returncode == 0, f"kill point {k}: {r.stderr}"
             assert r.stdout.strip() == expected, f"kill point {k}"
-            resent = [h for h in state["after_kill"] if h in held]
+            resent = [c for c in state["after_kill"] if c in held]
             assert not resent, f"kill point {k}: {len(resent)} request(s) the journal held were sent"
             # only calls not yet journaled (in flight at the kill, or never made) went out
             assert len(state["after_kill"]) == total - len(held), f"kill point {k}"
