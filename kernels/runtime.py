@@ -192,17 +192,39 @@ def FINAL(value):
 def FINAL_VAR(name):
     """Set the answer to the value of the variable called ``name`` (a str).
 
-    Passing the value itself (not its name) is accepted too.
+    Passing the value itself (``FINAL_VAR(answer)``) is accepted too. A quoted name
+    that is not defined (``FINAL_VAR("answr")``) raises NameError instead of ending
+    the run with the name as its answer.
     """
     ns = _user_ns()
-    if isinstance(name, str) and name.strip().strip("'\"") in ns:
-        value = ns[name.strip().strip("'\"")]
-    elif isinstance(name, str) and name.isidentifier():
-        raise NameError(f"FINAL_VAR: no variable named {name!r}; create it first, "
+    key = name.strip().strip("'\"") if isinstance(name, str) else None
+    if key is not None and key in ns:
+        value = ns[key]
+    elif key is not None and key.isidentifier() and _called_with_literal():
+        raise NameError(f"FINAL_VAR: no variable named {key!r}; create it first, "
                         "or call FINAL(value)")
     else:
         value = name
     return FINAL(value if isinstance(value, str) else str(value))
+
+
+def _called_with_literal() -> bool:
+    """True if the FINAL_VAR call in the caller's source line has a quoted argument."""
+    import inspect
+    import linecache
+    import re
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame and frame.f_back else None
+        if caller is None:
+            return True
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    finally:
+        del frame
+    m = re.search(r"FINAL_VAR\s*\(\s*([^)]*)", line or "")
+    if not m:
+        return True  # unknown call site: be strict
+    return m.group(1).lstrip()[:1] in ("'", '"')
 
 
 def SHOW_VARS():

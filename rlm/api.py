@@ -227,6 +227,7 @@ class RLM:
         if journal is not None and run_id:
             rec = journal.get_run(run_id)
             if rec is not None:
+                _check_same_run(rec, context, query, o.get("encoding"))
                 if rec["state"] in RECORDED_STATES:
                     return _recorded_result(journal, rec)
                 if rec["state"] == "running":
@@ -243,6 +244,25 @@ class RLM:
         ctx = load_context(context, encoding=o.get("encoding") or "utf-8")
         opts = self._options(o, journal)
         return execute(opts, ctx, query, run_id=run_id, replay=replay)
+
+
+def _check_same_run(rec: dict, context: Any, query: str | None, encoding: str | None) -> None:
+    """A run id names one question about one context: refuse to reuse it for another."""
+    if (rec.get("query") or "") != (query or ""):
+        raise ConfigError(f"run id {rec['run_id']!r} was recorded with another query "
+                          f"({rec.get('query')!r}); use a new --run-id for a new question")
+    want = (rec.get("options") or {}).get("context_sha256")
+    if want:
+        import hashlib
+        import json as _json
+        ctx = load_context(context, encoding=encoding or "utf-8")
+        blob = ctx.value if isinstance(ctx.value, str) else _json.dumps(
+            ctx.value, sort_keys=True, ensure_ascii=False)
+        if ctx.owned and ctx.path:
+            os.unlink(ctx.path)
+        if hashlib.sha256(blob.encode("utf-8")).hexdigest() != want:
+            raise ConfigError(f"run id {rec['run_id']!r} was recorded with another context "
+                              "(sha256 differs); use a new --run-id for a new context")
 
 
 def _new_id() -> str:
@@ -267,10 +287,14 @@ def _open_journal(spec):
 
 
 def _recorded_result(journal, rec: dict) -> Result:
-    usage = rec.get("usage") or {}
+    usage = dict(rec.get("usage") or {})
+    extra = {k: usage.pop(k, None) for k in ("iterations", "cap", "stages", "max_level",
+                                              "kernels_started")}
     return Result(answer=rec.get("answer"), status=rec.get("status") or rec["state"],
-                  run_id=rec["run_id"], iterations=int(usage.get("iterations", 0) or 0),
-                  usage=usage, reason=rec.get("error") or "", replayed_calls=0)
+                  run_id=rec["run_id"], iterations=int(extra["iterations"] or 0),
+                  usage=usage, reason=rec.get("error") or "", cap=extra["cap"],
+                  stages=extra["stages"] or {}, max_level=int(extra["max_level"] or 0),
+                  kernels_started=int(extra["kernels_started"] or 0), replayed_calls=0)
 
 
 def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
@@ -331,6 +355,10 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
             hb.stop()
         usage = dict(res.usage)
         usage["iterations"] = res.iterations
+        usage["cap"] = res.cap
+        usage["stages"] = res.stages
+        usage["max_level"] = res.max_level
+        usage["kernels_started"] = res.kernels_started
         journal.finish_run(run.run_id, status=status if not isinstance(exc_out, KeyboardInterrupt)
                            else "cancelled", answer=answer, usage=usage, error=reason or None)
     if exc_out is not None:
@@ -356,6 +384,7 @@ def stored_options(opts: Options, ctx) -> dict:
     d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
         "<value>", "<stdin>", "<bytes>") else None
     d["context_fmt"] = ctx.fmt
+    d["context_encoding"] = getattr(ctx, "encoding", "utf-8")
     blob = ctx.value if isinstance(ctx.value, str) else __import__("json").dumps(
         ctx.value, sort_keys=True, ensure_ascii=False)
     d["context_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -369,7 +398,7 @@ def _stored_run(journal, run_id: str) -> dict:
     return rec
 
 
-def _stored_context(rec: dict, context: Any):
+def _stored_context(rec: dict, context: Any, encoding: str | None = None):
     import hashlib
     import json as _json
     o = rec.get("options") or {}
@@ -379,7 +408,7 @@ def _stored_context(rec: dict, context: Any):
             raise ConfigError(f"run {rec['run_id']} was given its context as a value or on stdin; "
                               "pass it again with --context PATH")
         context = Path(src)
-    ctx = load_context(context)
+    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8")
     blob = ctx.value if isinstance(ctx.value, str) else _json.dumps(
         ctx.value, sort_keys=True, ensure_ascii=False)
     want = o.get("context_sha256")
@@ -389,7 +418,7 @@ def _stored_context(rec: dict, context: Any):
     return ctx
 
 
-def replay(run_id: str, *, journal: Any = None, context: Any = None,
+def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: str | None = None,
            on_progress: Callable[[str], None] | None = None) -> Result:
     """Re-execute a finished run with zero model calls and check it reaches the same answer.
 
@@ -408,7 +437,7 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None,
     if rec["state"] not in ("completed", "failed", "budget_exceeded"):
         raise ConfigError(f"run {run_id} is {rec['state']}; only a finished run can be replayed "
                           "(resume it with `rlm resume`)")
-    ctx = _stored_context(rec, context)
+    ctx = _stored_context(rec, context, encoding)
     opts = _options_from_record(rec, journal=None)
     opts.on_progress = on_progress
     rp = _Replay(j, run_id, strict=True, policy="stop")
@@ -448,8 +477,9 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
     if rec["state"] in RECORDED_STATES:
         return _recorded_result(j, rec)
     ctx_src = context
+    enc = options.pop("encoding", None) or (rec.get("options") or {}).get("context_encoding")
     if ctx_src is None:
-        _stored_context(rec, None)  # checks it is there and unchanged
+        _stored_context(rec, None, enc)  # checks it is there and unchanged
         ctx_src = Path(rec["options"]["context_source"])
     stored = dict(rec.get("options") or {})
     merged = {k: stored[k] for k in _STORED if stored.get(k) is not None}
@@ -468,6 +498,8 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
         merged.pop("child_model", None)
     merged.update({k: v for k, v in options.items() if v is not None})
     merged["run_id"] = run_id
+    if enc:
+        merged["encoding"] = enc
     with RLM(**merged) as r:
         return r.completion(ctx_src, rec.get("query") or None)
 

@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def _add_endpoint(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embedded-model", default=None,
                    choices=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"],
                    help="embedded model when no endpoint is set (default qwen2.5-coder-0.5b)")
+    g.add_argument("--max-attempts", type=int, default=None, metavar="N",
+                   help="HTTP attempts per model call, first included, for 429/5xx/timeouts/"
+                   "connection errors (default 6; exponential backoff with jitter)")
     g.add_argument("--large", action="store_true",
                    help="use the embedded 1.5B model (same as --embedded-model qwen2.5-coder-1.5b)")
 
@@ -122,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=fmt, epilog=EXIT_CODES)
     rs.add_argument("run_id", metavar="RUN_ID")
     rs.add_argument("--context", metavar="PATH", help="the context, if it was given on stdin")
+    rs.add_argument("--encoding", default=None, help="text encoding of the context "
+                    "(default: the one the run was recorded with)")
     rs.add_argument("--on-divergence", choices=["stop", "live"], default="stop",
                     help="a recorded call whose request differs: stop with a report (default) or "
                     "go live from that point")
@@ -133,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=fmt, epilog=EXIT_CODES)
     rp.add_argument("run_id", metavar="RUN_ID")
     rp.add_argument("--context", metavar="PATH", help="the context, if it was given on stdin")
+    rp.add_argument("--encoding", default=None, help="text encoding of the context "
+                    "(default: the one the run was recorded with)")
     _add_journal(rp)
     _add_output(rp)
 
@@ -182,7 +190,8 @@ def _run_options(args) -> dict:
                  ("max_cost", "max_cost_usd"), ("max_tokens", "max_tokens"),
                  ("max_calls", "max_calls"), ("timeout", "max_wall_seconds"),
                  ("max_children", "max_children_per_call"), ("concurrency", "max_concurrency"),
-                 ("pool_size", "pool_size"), ("price_file", "price_file")):
+                 ("pool_size", "pool_size"), ("price_file", "price_file"),
+                 ("max_attempts", "max_attempts")):
         if getattr(args, a, None) is not None:
             o[k] = getattr(args, a)
     return {k: v for k, v in o.items() if v is not None}
@@ -194,14 +203,14 @@ def _journal_opt(args):
     return args.journal or None
 
 
-def _emit(res, args) -> int:
+def _emit(res, args, summary: bool = True) -> int:
     from .errors import NoAnswerError  # noqa: F401
     if args.json:
         print(json.dumps(res.to_dict(), ensure_ascii=False))
     elif res.answer is not None and res.status == "completed":
         print(res.answer)
     if res.status == "completed":
-        if not args.json and not args.quiet:
+        if summary and not args.json and not args.quiet:
             u = res.usage
             print(f"[rlm] run {res.run_id}: completed in {res.seconds:.1f} s, {res.iterations} "
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
@@ -238,6 +247,8 @@ def _cmd_resume(args) -> int:
     o = _run_options(args)
     o["journal"] = args.journal or None
     o["divergence"] = args.on_divergence
+    if args.encoding:
+        o["encoding"] = args.encoding
     o["on_progress"] = _Progress(args.quiet)
     res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
     return _emit(res, args)
@@ -247,15 +258,12 @@ def _cmd_replay(args) -> int:
     from .api import replay
     res = replay(args.run_id, journal=args.journal or None,
                  context=Path(args.context) if args.context else None,
-                 on_progress=_Progress(args.quiet))
-    if args.json:
-        print(json.dumps(res.to_dict(), ensure_ascii=False))
-    else:
-        print(res.answer)
-        if not args.quiet:
-            print(f"[rlm] replay of {args.run_id}: same answer, {res.replayed_calls} model call(s) "
-                  "served from the journal, 0 sent", file=sys.stderr)
-    return 0
+                 encoding=args.encoding, on_progress=_Progress(args.quiet))
+    if not args.quiet and not args.json:
+        print(f"[rlm] replay of {args.run_id}: same outcome ({res.status}), "
+              f"{res.replayed_calls} model call(s) served from the journal, 0 sent",
+              file=sys.stderr)
+    return _emit(res, args, summary=False)
 
 
 def _journal(args):
@@ -313,6 +321,10 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _terminate(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rlm`` console script; returns the process exit code."""
     parser = build_parser()
@@ -321,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _setup_logging(args)
+    # SIGTERM (a workflow engine stopping the step) cleans up like Ctrl-C: kernels are shut
+    # down and the run is journaled as cancelled, so the same run id resumes it later.
+    signal.signal(signal.SIGTERM, _terminate)
     from harness.errors import HarnessError
 
     from .errors import RLMError

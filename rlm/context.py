@@ -41,6 +41,7 @@ class LoadedContext:
     path: str | None
     owned: bool
     source: str
+    encoding: str = "utf-8"
 
 
 def _check_bytes(data: bytes, source: str) -> None:
@@ -77,7 +78,9 @@ def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None =
         ContextError: missing, empty, binary, undecodable or malformed JSON input.
     """
     if isinstance(source, Path) or (isinstance(source, str) and source == "-"):
-        return _load_file(str(source), encoding, is_json, scratch_dir)
+        loaded = _load_file(str(source), encoding, is_json, scratch_dir)
+        loaded.encoding = encoding
+        return loaded
     if isinstance(source, (list, dict)):
         try:
             json.dumps(source)

@@ -40,12 +40,13 @@ Example. Question: "What colour is the door of the old lighthouse?"
 import re
 question = "What colour is the door of the old lighthouse?"
 words = ["lighthouse", "door", "colour"]
+counts = {{w: len(re.findall(re.escape(w), context, re.IGNORECASE)) for w in words}}
+print(counts)
 places = []
-for m in re.finditer("|".join(words), context, re.IGNORECASE):
+for m in re.finditer("|".join(re.escape(w) for w in words), context, re.IGNORECASE):
     near = context[max(0, m.start() - 1000):m.start() + 1000].lower()
-    places.append((sum(w.lower() in near for w in words), m.start()))
+    places.append((sum(1 / counts[w] for w in words if w.lower() in near), m.start()))
 places.sort(key=lambda p: -p[0])
-print(len(places), "matches")
 answer = None
 asked = []
 for score, pos in places:
@@ -57,7 +58,7 @@ for score, pos in places:
     window = context[max(0, pos - 1500):pos + 1500]
     reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
     reply = reply.strip().strip(".")
-    print(pos, score, repr(reply))
+    print(pos, repr(reply))
     if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
         answer = reply
         break

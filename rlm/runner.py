@@ -158,6 +158,9 @@ class Run:
     def __init__(self, options: Options, run_id: str | None = None, replay: _Replay | None = None,
                  client: ModelClient | None = None) -> None:
         self.opts = options
+        # before any kernel starts: no kernel may read the key from this process's /proc files
+        from .secrets import hide_startup_secrets
+        hide_startup_secrets()
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.replay = replay
         listeners = [options.journal.record_event] if options.journal is not None else []

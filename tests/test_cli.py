@@ -252,7 +252,7 @@ def test_rerun_of_a_budget_stopped_run_names_the_cap_again(cli, scripted, ctx_fi
     args = ["run", "--context", str(ctx_file), "--query", "q", "--max-calls", "1",
             "--run-id", "cap-1", *endpoint_args(srv)]
     first = cli(*args)
-    assert first.rc == 5 and first.stderr.startswith("rlm: budget cap 'calls'"), first.stderr
+    assert first.rc == 5 and "\nrlm: budget cap 'calls'" in first.stderr, first.stderr
     again = cli(*args)
     assert srv.count == 1
     assert again.rc == 5, again.stderr

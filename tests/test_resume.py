@@ -239,3 +239,40 @@ def test_resumed_run_is_charged_only_for_live_calls(setup):
     assert out["replayed_calls"] == 2  # root turn 0 and llm_query('a') came from the journal
     assert out["usage"]["calls"] == state["sent_after"]
     assert out["usage"]["calls"] == 3  # turn 1 (in flight at the kill), llm_query('b'), turn 2
+
+
+def test_divergence_policy_stop_then_live(setup):
+    """A non-deterministic cell makes the resumed request differ from the journal's."""
+    ctx, host, tmp = setup
+    state = {"n": 0, "pid": None, "killed": False}
+
+    def resp(req):
+        state["n"] += 1
+        msgs = req["messages"]
+        turn = sum(1 for m in msgs if m["role"] == "assistant")
+        if state["n"] == 3 and state["pid"] and not state["killed"]:
+            os.kill(state["pid"], signal.SIGKILL)
+            state["killed"] = True
+        return ["```repl\nimport random\nprint(random.random())\n```",
+                "```repl\nprint('second')\n```",
+                "```repl\nFINAL('done')\n```"][min(turn, 2)]
+
+    with ScriptedServer(resp) as srv:
+        journal = str(tmp / "j.sqlite3")
+        proc = subprocess.Popen([sys.executable, str(host), str(ctx), srv.base_url, journal, "d1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state["pid"] = proc.pid
+        proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+        before = srv.count
+        r = _cli("resume", "d1", "--journal", journal, "--base-url", srv.base_url,
+                 "--api-key", "k", "--model", "m")
+        assert r.returncode == 6, r.stderr
+        assert "run/iteration-1/model_call-0" in r.stderr  # the turn that saw the random output
+        assert srv.count == before  # stopped before sending anything
+        r = _cli("resume", "d1", "--journal", journal, "--base-url", srv.base_url,
+                 "--api-key", "k", "--model", "m", "--on-divergence", "live", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["answer"] == "done"
+        assert out["replayed_calls"] == 1  # turn 0 only; live from the diverging turn on
