@@ -84,6 +84,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}')
 
 
+def _add_recorded_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--context", metavar="PATH",
+                   help="the context file, if it was given on stdin or has moved")
+    p.add_argument("--encoding", default=None, help="text encoding of the context "
+                   "(default: the one the run was recorded with)")
+
+
 def _add_journal(p: argparse.ArgumentParser) -> None:
     p.add_argument("--journal", metavar="PATH", help="journal file (env RLM_JOURNAL)")
 
@@ -124,10 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("resume", help="resume a crashed, failed or interrupted run from the journal",
                         formatter_class=fmt, epilog=EXIT_CODES)
-    rs.add_argument("run_id", metavar="RUN_ID")
-    rs.add_argument("--context", metavar="PATH", help="the context, if it was given on stdin")
-    rs.add_argument("--encoding", default=None, help="text encoding of the context "
-                    "(default: the one the run was recorded with)")
+    _add_recorded_run(rs)
     rs.add_argument("--on-divergence", choices=["stop", "live"], default="stop",
                     help="a recorded call whose request differs: stop with a report (default) or "
                     "go live from that point")
@@ -137,10 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="re-execute a finished run with zero model calls",
                         formatter_class=fmt, epilog=EXIT_CODES)
-    rp.add_argument("run_id", metavar="RUN_ID")
-    rp.add_argument("--context", metavar="PATH", help="the context, if it was given on stdin")
-    rp.add_argument("--encoding", default=None, help="text encoding of the context "
-                    "(default: the one the run was recorded with)")
+    _add_recorded_run(rp)
     _add_journal(rp)
     _add_output(rp)
 

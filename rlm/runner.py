@@ -506,13 +506,18 @@ class Instance:
                                        model=model or self.run.opts.sub_model or self.run.opts.model)
 
     def _llm_query(self, parent: str, prompt: str, model: str | None, stage=None) -> str:
-        run = self.run
-        m = model or run.opts.sub_model or run.opts.model
+        m = model or self.run.opts.sub_model or self.run.opts.model
         st = stage or self._sub_stage(parent, Kind.llm_query, m)
+        return self._plain_completion(st, prompt, m)
+
+    def _plain_completion(self, st, prompt: str, model: str) -> str:
+        """One plain completion under the (pending) stage ``st``: llm_query or a fallback."""
+        run = self.run
         run.tree.transition(st.id, Status.pending, Status.running)
         try:
-            comp = run.model_call(st.id, Kind.model_call, self.level + 1,
-                                  [{"role": "user", "content": prompt}], m, run.opts.sub_max_tokens)
+            comp = run.model_call(st.id, Kind.model_call, st.level,
+                                  [{"role": "user", "content": prompt}], model,
+                                  run.opts.sub_max_tokens)
         except BudgetExceeded as exc:
             run.end_stage(st.id, Status.budget_exceeded, error=str(exc))
             raise
@@ -534,21 +539,10 @@ class Instance:
     def _rlm(self, parent: str, prompt: Any, query: str | None, model: str | None, stage=None) -> str:
         run = self.run
         st = stage or self._plan_rlm(parent, model)
-        run.tree.transition(st.id, Status.pending, Status.running)
         if st.kind == Kind.fallback:
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
-            try:
-                comp = run.model_call(st.id, Kind.model_call, st.level,
-                                      [{"role": "user", "content": prompts.subcall_prompt(text, query)}],
-                                      st.model, run.opts.sub_max_tokens)
-            except BudgetExceeded as exc:
-                run.end_stage(st.id, Status.budget_exceeded, error=str(exc))
-                raise
-            except BaseException as exc:
-                run.end_stage(st.id, Status.failed, error=str(exc))
-                raise
-            run.end_stage(st.id, Status.completed, evidence=comp.text)
-            return comp.text
+            return self._plain_completion(st, prompts.subcall_prompt(text, query), st.model)
+        run.tree.transition(st.id, Status.pending, Status.running)
         # a real child with a kernel of its own
         try:
             ctx = load_context(prompt)
