@@ -28,8 +28,8 @@ import importlib.util
 import json
 import random
 import re
-import string
 import sys
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -168,18 +168,18 @@ def make_haystack(chars: int = 200_000, depth: float = 0.6, seed: int = 0) -> tu
     return text, needle.question, needle.answer
 
 
-_PUNCT = str.maketrans({c: " " for c in string.punctuation})
-
-
 def _norm(s: str) -> str:
-    return " ".join(s.lower().translate(_PUNCT).split())
+    """Lower case, punctuation deleted (ASCII and Unicode), whitespace collapsed."""
+    kept = "".join(ch for ch in s.lower() if not unicodedata.category(ch).startswith("P"))
+    return " ".join(kept.split())
 
 
 def score(answer: str | None, expected: str) -> bool:
-    """True when ``expected`` occurs in ``answer``, ignoring case, punctuation and spacing.
+    """True when ``expected`` occurs in ``answer`` as whole words, ignoring case and punctuation.
 
-    ``"The passphrase is Amber-Falcon-42."`` scores for ``"amber-falcon-42"``; an
-    empty or missing answer never does.
+    ``"The passphrase is 'Amber-Falcon-42'."`` scores for ``"amber-falcon-42"`` and
+    ``"30000"`` for ``"30,000"``; ``"120334"`` does not score for ``"2033"``, and an
+    empty or missing answer never scores.
     """
     if not answer:
         return False

@@ -1,11 +1,28 @@
 """Prompts: the system prompt that teaches the REPL and the answer protocol.
 
 The system prompt shows only metadata about the context (its type, size and
-item lengths), never the context itself. Small models copy the worked example
-closely, so the example is written to be right in every detail: it searches
-``context`` with Python first, reads a small window, asks ``llm_query`` about
-that window only, keeps an answer only if it is found in the window, and ends
-with ``FINAL`` from code. Sizes are inline literals, never variables.
+item lengths), never the context itself.
+
+Small models (the embedded 0.5B) copy the worked example almost token for token
+and change little more than the question and the search words, so the example is
+a complete, correct program for the commonest task, a lookup in a long text:
+
+1. pick the rare words of the question and count how often each occurs;
+2. score every match by the words found within 1,000 characters of it, each word
+   weighted by 1/its count (a rare word counts more), so the place where the
+   question's words meet comes first;
+3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best
+   places, with the prompt "Text: ... Question: ... Answer with the answer only, or
+   NONE if the text does not say";
+4. keep a reply only if it is not NONE and occurs in its window (small sub-models
+   invent plausible answers for windows without the fact);
+5. call ``FINAL`` from code, with "NOT FOUND" when no window gave a kept reply, so a
+   fruitless search ends in one turn instead of being repeated until the iteration
+   cap (the 0.5B repeats the same cell turn after turn).
+
+Sizes are inline literals, never variables the model might replace. Words match at
+a word start with up to two more letters (plurals), so "Dan" does not match "danger".
+A list or dict context is joined into one string first (the ``to_text`` line).
 """
 from __future__ import annotations
 
@@ -40,12 +57,16 @@ Example. Question: "What colour is the door of the old lighthouse?"
 import re
 question = "What colour is the door of the old lighthouse?"
 words = ["lighthouse", "door", "colour"]
-counts = {{w: len(re.findall(re.escape(w), context, re.IGNORECASE)) for w in words}}
+{to_text}
+def find(word, s):
+    return [m.start() for m in re.finditer(r"\\b" + re.escape(word) + r"\\w{{0,2}}\\b", s, re.IGNORECASE)]
+counts = {{w: len(find(w, text)) for w in words}}
 print(counts)
 places = []
-for m in re.finditer("|".join(re.escape(w) for w in words), context, re.IGNORECASE):
-    near = context[max(0, m.start() - 1000):m.start() + 1000].lower()
-    places.append((sum(1 / counts[w] for w in words if w.lower() in near), m.start()))
+for w in words:
+    for pos in find(w, text):
+        near = text[max(0, pos - 1000):pos + 1000]
+        places.append((sum(1 / counts[v] for v in words if find(v, near)), pos))
 places.sort(key=lambda p: -p[0])
 answer = None
 asked = []
@@ -55,19 +76,26 @@ for score, pos in places:
     if any(abs(pos - a) < 2000 for a in asked):
         continue
     asked.append(pos)
-    window = context[max(0, pos - 1500):pos + 1500]
+    window = text[max(0, pos - 1500):pos + 1500]
     reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
     reply = reply.strip().strip(".")
     print(pos, repr(reply))
     if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
         answer = reply
         break
-if answer:
-    FINAL(answer)
-else:
-    print("Not found yet: search again with other words from the question.")
+if answer is None:
+    answer = "NOT FOUND"
+FINAL(answer)
 ```
 In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
+
+#: The example's line that makes one searchable string of ``context``, by context type.
+TO_TEXT = {
+    "str": "text = context",
+    "list": 'text = "\\n\\n".join(str(item) for item in context)',
+    "dict": 'text = "\\n\\n".join(str(key) + ": " + str(value) for key, value in context.items())',
+}
+TO_TEXT_OTHER = "text = str(context)"
 
 RLM_LINE = ("- `rlm(prompt, query)` starts a helper that works like you on `prompt` as its own "
             "`context` and answers `query`; it returns the answer as a string. Use it for big pieces.\n")
@@ -112,11 +140,13 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
         can_recurse: whether ``rlm(...)`` may be mentioned (max_depth >= 1).
         sub_chars: a safe prompt size for ``llm_query`` (characters).
         max_output: the cell output budget (characters).
-        template: a replacement for :data:`SYSTEM` with the same fields.
+        template: a replacement for :data:`SYSTEM` with the same fields (``meta``,
+            ``sub_chars``, ``max_output``, ``rlm_line``, ``to_text``; any may be left out).
     """
     return (template or SYSTEM).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
                                        max_output=f"{max_output:,}",
-                                       rlm_line=RLM_LINE if can_recurse else "")
+                                       rlm_line=RLM_LINE if can_recurse else "",
+                                       to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
 
 
 def first_user(query: str | None) -> str:
