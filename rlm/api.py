@@ -167,7 +167,8 @@ class RLM:
             budget = Budget(max_cost_usd=o.get("max_cost_usd"), max_tokens=o.get("max_tokens"),
                             max_calls=o.get("max_calls"),
                             max_wall_seconds=o.get("max_wall_seconds"),
-                            max_iterations=int(o.get("max_iterations", 20)),
+                            max_iterations=int(o["max_iterations"] if o.get("max_iterations")
+                                               is not None else (6 if embedded else 20)),
                             max_depth=int(o.get("max_depth", 1)),
                             max_children_per_call=o.get("max_children_per_call"),
                             max_concurrency=int(o.get("max_concurrency", 8)))
@@ -198,6 +199,9 @@ class RLM:
                 opts.max_output_chars = 2000
             if o.get("sub_prompt_chars") is None:
                 opts.sub_prompt_chars = 4000
+            if o.get("sub_max_tokens") is None:
+                # sub-call answers here are a few tokens; a rambling one costs ~25 s at 512
+                opts.sub_max_tokens = 256
         if opts.max_depth < 0:
             raise ConfigError("max_depth must be >= 0")
         if opts.divergence not in ("stop", "live"):

@@ -57,7 +57,8 @@ def _add_endpoint(p: argparse.ArgumentParser) -> None:
 def _add_limits(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("loop, depth and budget")
     g.add_argument("--max-iterations", type=int, default=None, metavar="N",
-                   help="turns per RLM loop before a last-turn prompt (default 20)")
+                   help="turns per RLM loop before a last-turn prompt (default 20; 6 with the "
+                   "embedded model, which repeats itself when stuck)")
     g.add_argument("--max-depth", type=int, default=None, metavar="N",
                    help="kernel-bearing levels: 0 no sub-calls, 1 rlm() is a plain completion "
                    "(default), d>1 children get kernels while level+1 < d")
