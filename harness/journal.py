@@ -91,8 +91,11 @@ class JournalError(HarnessError):
 
     The message names the journal file, says what happened (not a database, damaged, disk full,
     read-only, locked, ...) and what to do about it. The underlying ``sqlite3`` exception, if any,
-    is chained as ``__cause__``.
+    is chained as ``__cause__``. The CLI exits 2 for it: it is a problem of the journal path
+    or its file system, not of the run.
     """
+
+    exit_code = 2
 
 
 class JournalSchemaError(JournalError):

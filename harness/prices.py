@@ -54,7 +54,7 @@ class UnknownPrice(HarnessError):
             f"no price known for model(s) {names}, and a cost cap is set. Add a price file "
             f"(JSON: {{\"<model>\": {{\"input\": <USD per 1M input tokens>, "
             f"\"output\": <USD per 1M output tokens>}}}}) and load it with "
-            f"PriceTable.load(path) (CLI: --prices PATH), mark the model as local (prefix "
+            f"a price file (CLI: --price-file PATH; API: price_file=PATH), mark the model as local (prefix "
             f"'local/'), or drop the cost cap."))
 
 

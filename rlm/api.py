@@ -225,6 +225,12 @@ class RLM:
         if unknown:
             raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
         o = {**self.options, **overrides}
+        validate_options(o)
+        if o.get("model") and not (o.get("base_url") or os.environ.get("OPENAI_BASE_URL")
+                                   or o.get("api_key") or os.environ.get("OPENAI_API_KEY")):
+            raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
+                              "OPENAI_BASE_URL / OPENAI_API_KEY); without one the embedded model "
+                              "is used, chosen with --embedded-model")
         journal = _open_journal(o.get("journal"))
         run_id = o.get("run_id")
         replay = None
@@ -269,6 +275,54 @@ def _check_same_run(rec: dict, context: Any, query: str | None, encoding: str | 
                               "(sha256 differs); use a new --run-id for a new context")
 
 
+#: The deepest tree a run may ask for: each level holds kernels (about 60 MB each) while
+#: its children run, so a runaway recursion is refused before it exhausts memory.
+MAX_DEPTH_LIMIT = 8
+
+# option -> (CLI flag, minimum, strictly greater than the minimum?, maximum)
+_NUMERIC = {
+    "max_depth": ("--max-depth", 0, False, MAX_DEPTH_LIMIT),
+    "max_iterations": ("--max-iterations", 1, False, 10_000),
+    "cell_timeout": ("--cell-timeout", 0, True, 86_400),
+    "max_output_chars": ("--max-output-chars", 100, False, 10_000_000),
+    "max_completion_tokens": ("max_completion_tokens", 1, False, 1_000_000),
+    "sub_max_tokens": ("sub_max_tokens", 1, False, 1_000_000),
+    "sub_prompt_chars": ("sub_prompt_chars", 100, False, 10_000_000),
+    "max_cost_usd": ("--max-cost", 0, True, 1e9),
+    "max_tokens": ("--max-tokens", 1, False, 10**15),
+    "max_calls": ("--max-calls", 1, False, 10**12),
+    "max_wall_seconds": ("--timeout", 0, True, 10**9),
+    "max_children_per_call": ("--max-children", 1, False, 10**6),
+    "max_concurrency": ("--concurrency", 1, False, 1024),
+    "pool_size": ("--pool-size", 0, False, 64),
+    "max_attempts": ("--max-attempts", 1, False, 100),
+    "max_kernel_restarts": ("max_kernel_restarts", 0, False, 100),
+}
+
+
+def validate_options(o: dict) -> None:
+    """Check option values before anything starts; messages name the CLI flag.
+
+    Raises:
+        ConfigError: a value out of range, not a number, or a bad endpoint URL.
+    """
+    import math
+    for key, (flag, lo, strict, hi) in _NUMERIC.items():
+        v = o.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"{flag} must be a finite number, got {v!r}")
+        if (v <= lo if strict else v < lo) or v > hi:
+            rel = f"> {lo:g}" if strict else f">= {lo:g}"
+            raise ConfigError(f"{flag} must be {rel} and <= {hi:g}, got {v!r}")
+    url = o.get("base_url")
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        raise ConfigError(f"--base-url must be an http:// or https:// URL, got {url!r}")
+    if o.get("run_id") is not None and not str(o["run_id"]).strip():
+        raise ConfigError("--run-id must not be empty")
+
+
 def _new_id() -> str:
     import uuid
     return uuid.uuid4().hex[:16]
@@ -310,6 +364,14 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
     """
     t0 = time.monotonic()
     run = Run(opts, run_id=run_id, replay=replay, client=client)
+    if opts.budget.max_cost_usd is not None:
+        # a configuration error at start: refused before the run is journaled or started
+        try:
+            run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
+                                                     opts.child_model) if m})
+        except Exception as exc:
+            run.close()
+            raise ConfigError(str(exc)) from None
     journal = opts.journal if record else None
     hb = None
     if journal is not None:
@@ -321,12 +383,6 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
     status, answer, reason, cap, exc_out = "failed", None, "", None, None
     inst = None
     try:
-        if opts.budget.max_cost_usd is not None:
-            try:
-                run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
-                                                         opts.child_model) if m})
-            except Exception as exc:
-                raise ConfigError(str(exc)) from None
         root = run.start_stage(None, Kind.run, 0, model=opts.model, meta={"query": query})
         inst = Instance(run, root.id, 0, ctx, query, opts.model)
         try:
@@ -348,6 +404,8 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
             exc_out = exc
     finally:
         run.close()
+        _settle_open_stages(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
+                            or exc_out is not None else "failed")
     res = Result(answer=answer, status=status, run_id=run.run_id,
                  iterations=inst.iterations if inst else 0, usage=_usage(run.tree),
                  reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
@@ -506,6 +564,18 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
         merged["encoding"] = enc
     with RLM(**merged) as r:
         return r.completion(ctx_src, rec.get("query") or None)
+
+
+def _settle_open_stages(tree: StageTree, why: str) -> None:
+    """Stages still pending/running when the run ended (in-flight calls at an interrupt,
+    children cut off by a cap) are marked cancelled, so no stage stays "running" forever."""
+    for st in tree.all():
+        if st.status in (Status.pending, Status.running):
+            try:
+                tree.transition(st.id, st.status, Status.cancelled,
+                                error=f"run ended ({why}) while this stage was in flight")
+            except Exception:
+                pass
 
 
 _DEFAULT: RLM | None = None

@@ -362,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(exc, "exit_code", 1)
     except OSError as exc:
         print(f"rlm: error: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}); "
-              "check free disk space and permissions", file=sys.stderr)
-        return 1
+              "check the path, free disk space and permissions", file=sys.stderr)
+        return 2
     except Exception as exc:  # a bug: say so plainly
         if os.environ.get("RLM_DEBUG"):
             raise

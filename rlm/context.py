@@ -82,6 +82,8 @@ def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None =
         loaded.encoding = encoding
         return loaded
     if isinstance(source, (list, dict)):
+        if not source:
+            raise ContextError(f"context is an empty {type(source).__name__}; give the data to work on")
         try:
             json.dumps(source)
         except (TypeError, ValueError) as exc:
@@ -121,8 +123,13 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         except json.JSONDecodeError as exc:
             raise ContextError(f"context {source} is not valid JSON (line {exc.lineno}, "
                                f"column {exc.colno}: {exc.msg})") from None
-        if isinstance(value, (str, int, float, bool)) or value is None:
-            value = str(value) if not isinstance(value, str) else value
+        if not isinstance(value, (str, list, dict)):
+            raise ContextError(f"context {source} holds a JSON {type(value).__name__}; a JSON "
+                               "context must be a string, a list or an object")
+        if not value or (isinstance(value, str) and not value.strip()):
+            raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
+                               "give the data to work on")
+        if isinstance(value, str):
             return _write(value, "text", source, scratch_dir)
         if path != "-" and encoding.lower().replace("-", "") in ("utf8", "utf8sig"):
             return LoadedContext(value, "json", os.path.abspath(path), False, source)

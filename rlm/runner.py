@@ -186,7 +186,8 @@ class Run:
 
     # progress -------------------------------------------------------------
     def progress(self, msg: str) -> None:
-        log.info(msg)
+        if not self.opts.on_progress:
+            log.info(msg)
         if self.opts.on_progress:
             try:
                 self.opts.on_progress(msg)
