@@ -328,12 +328,6 @@ def _new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _jsonable_options(o: dict) -> dict:
-    return {k: v for k, v in o.items()
-            if k not in ("api_key", "on_progress", "journal") and isinstance(
-                v, (str, int, float, bool, type(None)))}
-
-
 def _open_journal(spec):
     if spec is False:
         return None
@@ -576,9 +570,6 @@ def _settle_open_stages(tree: StageTree, why: str) -> None:
                                 error=f"run ended ({why}) while this stage was in flight")
             except Exception:
                 pass
-
-
-_DEFAULT: RLM | None = None
 
 
 def completion(context: Any, query: str | None = None, **options: Any) -> Result:

@@ -207,7 +207,6 @@ def _journal_opt(args):
 
 
 def _emit(res, args, summary: bool = True) -> int:
-    from .errors import NoAnswerError  # noqa: F401
     if args.json:
         print(json.dumps(res.to_dict(), ensure_ascii=False))
     elif res.answer is not None and res.status == "completed":

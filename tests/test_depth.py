@@ -59,17 +59,15 @@ def test_depth_decides_children_and_fallbacks(depth, children, fallbacks, kernel
     assert res.max_level == max_level
     # the answer nests one bracket per level: each child's answer flowed into its parent
     n = 800
-    expect_tail = None
     for _ in range(children):
         n //= 2
     leaf_prompt = n // 2  # the fallback completes the half of the deepest kernel's context
     assert res.answer.startswith("n800[")
     assert res.answer.count("[") == children + 1
-    assert f"leaf(" in res.answer
+    assert "leaf(" in res.answer
     # the deepest fallback's prompt is the half of the deepest context plus the query line
     m = re.search(r"leaf\((\d+)\)", res.answer)
     assert int(m.group(1)) == leaf_prompt + len("\n\nQuestion: half?")
-    del expect_tail
 
 
 def test_depth_zero_has_no_subcalls():
