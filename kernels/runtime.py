@@ -15,7 +15,6 @@ Request ``{"token", "op", "args"}``; reply ``{"ok": true, "value"}`` or
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import threading

@@ -234,43 +234,48 @@ class RLM:
         journal = _open_journal(o.get("journal"))
         run_id = o.get("run_id")
         replay = None
-        if journal is not None and run_id:
-            rec = journal.get_run(run_id)
-            if rec is not None:
-                _check_same_run(rec, context, query, o.get("encoding"))
-                if rec["state"] in RECORDED_STATES:
-                    return _recorded_result(journal, rec)
-                if rec["state"] == "running":
-                    age = time.time() - (rec.get("heartbeat_at") or 0)
-                    raise RunActiveError(
-                        f"run {run_id} is still running (pid {rec.get('owner_pid')} on "
-                        f"{rec.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "
-                        "to finish, or resume it once its heartbeat is stale")
-                if not journal.claim_run(run_id):
-                    raise RunActiveError(f"run {run_id} could not be claimed for resume "
-                                         "(another process took it first)")
-                replay = _Replay(journal, run_id, strict=False,
-                                 policy=o.get("divergence") or "stop")
         ctx = load_context(context, encoding=o.get("encoding") or "utf-8")
-        opts = self._options(o, journal)
+        try:
+            if journal is not None and run_id:
+                rec = journal.get_run(run_id)
+                if rec is not None:
+                    replay = self._prepare_rerun(journal, rec, ctx, query, o)
+                    if isinstance(replay, Result):
+                        ctx.discard()
+                        return replay
+            opts = self._options(o, journal)
+        except BaseException:
+            ctx.discard()
+            raise
         return execute(opts, ctx, query, run_id=run_id, replay=replay)
 
+    @staticmethod
+    def _prepare_rerun(journal, rec: dict, ctx, query: str | None, o: dict):
+        """A run id that is already in the journal: its recorded Result, or a _Replay to resume."""
+        run_id = rec["run_id"]
+        _check_same_run(rec, ctx, query)
+        if rec["state"] in RECORDED_STATES:
+            return _recorded_result(journal, rec)
+        if rec["state"] == "running":
+            age = time.time() - (rec.get("heartbeat_at") or 0)
+            raise RunActiveError(
+                f"run {run_id} is still running (pid {rec.get('owner_pid')} on "
+                f"{rec.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "
+                "to finish, or resume it once its heartbeat is stale")
+        if not journal.claim_run(run_id):
+            raise RunActiveError(f"run {run_id} could not be claimed for resume "
+                                 "(another process took it first)")
+        return _Replay(journal, run_id, strict=False, policy=o.get("divergence") or "stop")
 
-def _check_same_run(rec: dict, context: Any, query: str | None, encoding: str | None) -> None:
+
+def _check_same_run(rec: dict, ctx, query: str | None) -> None:
     """A run id names one question about one context: refuse to reuse it for another."""
     if (rec.get("query") or "") != (query or ""):
         raise ConfigError(f"run id {rec['run_id']!r} was recorded with another query "
                           f"({rec.get('query')!r}); use a new --run-id for a new question")
     want = (rec.get("options") or {}).get("context_sha256")
     if want:
-        import hashlib
-        import json as _json
-        ctx = load_context(context, encoding=encoding or "utf-8")
-        blob = ctx.value if isinstance(ctx.value, str) else _json.dumps(
-            ctx.value, sort_keys=True, ensure_ascii=False)
-        if ctx.owned and ctx.path:
-            os.unlink(ctx.path)
-        if hashlib.sha256(blob.encode("utf-8")).hexdigest() != want:
+        if ctx.sha256 != want:
             raise ConfigError(f"run id {rec['run_id']!r} was recorded with another context "
                               "(sha256 differs); use a new --run-id for a new context")
 
@@ -432,7 +437,6 @@ _STORED = ("model", "sub_model", "child_model", "max_iterations", "max_depth", "
 
 def stored_options(opts: Options, ctx) -> dict:
     """The JSON-able settings a run needs to be re-driven (never the API key)."""
-    import hashlib
     d = {k: getattr(opts, k) for k in _STORED}
     d["base_url"] = opts.base_url
     d["embedded"] = opts.embedded
@@ -441,9 +445,7 @@ def stored_options(opts: Options, ctx) -> dict:
         "<value>", "<stdin>", "<bytes>") else None
     d["context_fmt"] = ctx.fmt
     d["context_encoding"] = getattr(ctx, "encoding", "utf-8")
-    blob = ctx.value if isinstance(ctx.value, str) else __import__("json").dumps(
-        ctx.value, sort_keys=True, ensure_ascii=False)
-    d["context_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    d["context_sha256"] = ctx.sha256
     return d
 
 
@@ -455,8 +457,6 @@ def _stored_run(journal, run_id: str) -> dict:
 
 
 def _stored_context(rec: dict, context: Any, encoding: str | None = None):
-    import hashlib
-    import json as _json
     o = rec.get("options") or {}
     if context is None:
         src = o.get("context_source")
@@ -465,10 +465,8 @@ def _stored_context(rec: dict, context: Any, encoding: str | None = None):
                               "pass it again with --context PATH")
         context = Path(src)
     ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8")
-    blob = ctx.value if isinstance(ctx.value, str) else _json.dumps(
-        ctx.value, sort_keys=True, ensure_ascii=False)
     want = o.get("context_sha256")
-    if want and hashlib.sha256(blob.encode("utf-8")).hexdigest() != want:
+    if want and ctx.sha256 != want:
         raise DivergenceError(f"the context of run {rec['run_id']} has changed since it was "
                               "recorded (sha256 differs); resume/replay need the same context")
     return ctx

@@ -42,6 +42,25 @@ class LoadedContext:
     owned: bool
     source: str
     encoding: str = "utf-8"
+    _sha256: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the context (text as UTF-8, JSON canonicalised); computed once."""
+        if self._sha256 is None:
+            import hashlib
+            blob = self.value if isinstance(self.value, str) else json.dumps(
+                self.value, sort_keys=True, ensure_ascii=False)
+            self._sha256 = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        return self._sha256
+
+    def discard(self) -> None:
+        """Remove the temporary file, if this context wrote one."""
+        if self.owned and self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
 
 def _check_bytes(data: bytes, source: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from typing import Any, Callable
 
 from harness.budget import Accountant, Budget
 from harness.errors import BudgetExceeded
+from harness.journal import request_hash
 from harness.prices import PriceTable
 from harness.stages import Kind, Status, StageTree
 from kernels.bridge import BridgeError, BridgeServer, Registration
@@ -34,8 +34,7 @@ from kernels.kernel import FINAL_EXPR, CellResult, Kernel, KernelDied, KernelPoo
 from . import prompts
 from .clients import Completion, ModelClient
 from .context import LoadedContext, describe, load_context
-from .errors import (ChildRLMError, ConfigError, DivergenceError, EndpointError, KernelError,
-                     NoAnswerError, RLMError)
+from .errors import ChildRLMError, DivergenceError, EndpointError, KernelError, RLMError
 from .parsing import code_blocks, prose_final
 from .tokens import count_messages
 
@@ -137,13 +136,6 @@ class _Replay:
         with self._lock:
             self.served += 1
         return rec
-
-
-def request_hash(request: dict) -> str:
-    """sha256 of the canonical JSON of a chat request (sorted keys, no spaces)."""
-    import hashlib
-    blob = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 class Run:
@@ -320,12 +312,6 @@ class Run:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _batch_error(exc: BaseException) -> dict:
-    if isinstance(exc, BridgeError):
-        return exc.to_wire()
-    return _to_bridge_error(exc).to_wire()
-
-
 def _to_bridge_error(exc: BaseException) -> BridgeError:
     if isinstance(exc, BridgeError):
         return exc
@@ -415,11 +401,7 @@ class Instance:
         if self.kernel is not None:
             self.run.pool.release(self.kernel)
             self.kernel = None
-        if self.context.owned and self.context.path:
-            try:
-                os.unlink(self.context.path)
-            except OSError:
-                pass
+        self.context.discard()
 
     # cells ------------------------------------------------------------------
     def execute(self, code: str) -> CellResult:
@@ -499,7 +481,7 @@ class Instance:
             try:
                 out.append({"value": f.result()})
             except BaseException as exc:  # noqa: BLE001 - every item's fate is reported
-                out.append({"error": _batch_error(exc)})
+                out.append({"error": _to_bridge_error(exc).to_wire()})
         return out
 
     def _sub_stage(self, parent: str, kind: Kind, model: str | None):

@@ -36,7 +36,6 @@ def _ranks_file() -> Path:
     if target.exists():
         return target
     try:
-        import quicktok  # noqa: F401  (only to locate its data directory)
         from importlib.util import find_spec
         spec = find_spec("quicktok")
         src = Path(spec.origin).parent / "data" / "o200k.vocab"  # type: ignore[union-attr]
