@@ -39,3 +39,13 @@ class BudgetExceeded(HarnessError):
         super().__init__(message or (
             f"budget cap '{cap}' would be exceeded: limit {limit:g}, used {used:g}, "
             f"this call needs {requested:g}, remaining {self.remaining:g}"))
+
+
+class DivergenceError(HarnessError):
+    """Resume or replay met a model call whose request differs from the journal's record,
+    a call the journal does not hold (strict replay), or a different final answer (exit 6).
+
+    Nothing is served from the journal for the diverging call.
+    """
+
+    exit_code = 6

@@ -397,7 +397,7 @@ def execute(opts: Options, ctx, query: str | None, *, run_id: str | None = None,
             status, reason = "cancelled", "interrupted"
             run.end_stage(root.id, Status.cancelled, error=reason)
             exc_out = KeyboardInterrupt()
-        except RLMError as exc:
+        except (RLMError, DivergenceError) as exc:
             status, reason = "failed", str(exc)
             run.end_stage(root.id, Status.failed, error=reason)
             exc_out = exc

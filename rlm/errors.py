@@ -19,7 +19,8 @@ code  meaning
 """
 from __future__ import annotations
 
-from harness.errors import BudgetExceeded, HarnessError, IllegalTransition  # noqa: F401
+from harness.errors import (BudgetExceeded, DivergenceError, HarnessError,  # noqa: F401
+                            IllegalTransition)
 
 
 class RLMError(Exception):
@@ -75,12 +76,6 @@ class ChildRLMError(RLMError):
         super().__init__(message)
         self.status = status
         self.reason = reason or message
-
-
-class DivergenceError(RLMError):
-    """Replay/resume met a call whose request differs from the journal's (exit 6)."""
-
-    exit_code = 6
 
 
 class RunActiveError(RLMError):

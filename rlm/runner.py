@@ -33,59 +33,13 @@ from kernels.kernel import FINAL_EXPR, CellResult, Kernel, KernelDied, KernelPoo
 
 from . import prompts
 from .clients import Completion, ModelClient
+from .options import Options
 from .context import LoadedContext, describe, load_context
 from .errors import ChildRLMError, DivergenceError, EndpointError, KernelError, RLMError
 from .parsing import code_blocks, prose_final
 from .tokens import count_messages
 
 log = logging.getLogger("rlm")
-
-
-@dataclass
-class Options:
-    """Everything a run needs to know besides its context and query.
-
-    Attributes (units in brackets):
-        model: the root model's name; ``child_model`` for child roots and
-            ``sub_model`` for ``llm_query``/fallbacks default to it.
-        base_url, api_key: the endpoint; None means the embedded model.
-        max_iterations: loop turns per instance before the last-turn prompt.
-        max_depth: kernel-bearing levels (see README "Depth").
-        cell_timeout: [s] per executed block; the kernel is interrupted after it.
-        max_output_chars: [characters] of cell output fed back per turn.
-        max_completion_tokens: [tokens] output cap of root/child turns.
-        sub_max_tokens: [tokens] output cap of ``llm_query`` and fallbacks.
-        budget: the caps (cost, tokens, calls, wall seconds, concurrency...).
-        pool_size: idle pre-started kernels (None: 0 at depth <= 1, else 2).
-        max_kernel_restarts: restarts of one instance's kernel before it fails.
-        journal: a :class:`harness.journal.Journal` or None (no journal).
-        divergence: ``"stop"`` (default) or ``"live"``: what resume does when a
-            recorded call's request differs from the new one.
-    """
-
-    model: str = "scripted"
-    sub_model: str | None = None
-    child_model: str | None = None
-    base_url: str | None = None
-    api_key: str | None = None
-    max_iterations: int = 20
-    max_depth: int = 1
-    cell_timeout: float = 60.0
-    max_output_chars: int = 4000
-    max_completion_tokens: int = 1024
-    sub_max_tokens: int = 512
-    sub_prompt_chars: int = 6000
-    temperature: float | None = 0.0
-    budget: Budget = field(default_factory=Budget)
-    prices: PriceTable | None = None
-    pool_size: int | None = None
-    max_kernel_restarts: int = 3
-    max_attempts: int = 6
-    journal: Any = None
-    divergence: str = "stop"
-    embedded: bool = False
-    system_template: str | None = None
-    on_progress: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -466,7 +420,7 @@ class Instance:
                     fns = [lambda p=p, pl=pl: self._rlm(parent, p, args.get("query"), model, pl)
                            for p, pl in zip(prompts_, plans)]
                 return self._gather(fns)
-        except (BudgetExceeded, ChildRLMError, RLMError) as exc:
+        except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError) as exc:
             raise _to_bridge_error(exc) from None
         raise BridgeError("SubcallError", f"unknown operation {op!r}")
 
