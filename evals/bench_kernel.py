@@ -21,6 +21,7 @@ from pathlib import Path
 
 def bench_context_load(mb: int = 50, repeats: int = 3) -> float:
     from kernels.bridge import BridgeServer
+    from kernels.protocol import bind_code
     from kernels.kernel import Kernel
     from rlm.context import load_context
 
@@ -35,8 +36,7 @@ def bench_context_load(mb: int = 50, repeats: int = 3) -> float:
                 reg = bridge.register(k.pid, None)
                 t0 = time.perf_counter()
                 ctx = load_context(blob)  # host writes the file
-                res, _ = k.execute(f"__rlm_rt.bind({bridge.path!r}, {reg.token!r}, "
-                                   f"{ctx.path!r}, 'text')")
+                res, _ = k.execute(bind_code(bridge.path, reg.token, ctx.path, "text"))
                 dt = time.perf_counter() - t0
                 assert res.error is None, res.output
                 check, _ = k.execute("print(len(context))")

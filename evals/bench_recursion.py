@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 def bench_child_start(samples: int = 15) -> tuple[float, float]:
     from kernels.bridge import BridgeServer
+    from kernels.protocol import bind_code
     from kernels.kernel import KernelPool
     from rlm.context import load_context
 
@@ -34,7 +35,7 @@ def bench_child_start(samples: int = 15) -> tuple[float, float]:
         t0 = time.perf_counter()
         k = pool.acquire()
         reg = bridge.register(k.pid, None)
-        res, _ = k.execute(f"__rlm_rt.bind({bridge.path!r}, {reg.token!r}, {ctx.path!r}, 'text')")
+        res, _ = k.execute(bind_code(bridge.path, reg.token, ctx.path, "text"))
         dt = time.perf_counter() - t0
         assert res.error is None, res.output
         pool.release(k)

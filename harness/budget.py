@@ -420,30 +420,6 @@ class Accountant:
 
     # ------------------------------------------------------------------ other caps
 
-    def check_iterations(self, done: int) -> None:
-        """Before starting another loop iteration, ``done`` (int) having run in this loop.
-
-        Raises:
-            BudgetExceeded: ``cap="iterations"`` when ``done >= max_iterations``.
-        """
-        if done >= self.budget.max_iterations:
-            self._refuse("iterations")
-            raise BudgetExceeded("iterations", self.budget.max_iterations, done, 1)
-
-    def check_subcall(self, level: int) -> None:
-        """Before ``llm_query``/``rlm`` from a loop at ``level`` (int).
-
-        Raises:
-            BudgetExceeded: ``cap="depth"`` when ``level >= max_depth`` (e.g. any sub-call
-                with ``max_depth=0``).
-        """
-        if level >= self.budget.max_depth:
-            self._refuse("depth")
-            raise BudgetExceeded(
-                "depth", self.budget.max_depth, level, 1,
-                message=f"sub-calls are not allowed at level {level} with max_depth="
-                        f"{self.budget.max_depth}")
-
     def check_children(self, started: int, requested: int = 1) -> None:
         """Before starting ``requested`` (int) more children from one call that has already
         started ``started`` (int).
@@ -476,11 +452,6 @@ class Accountant:
         with self._lock:
             return {"reservations": len(self._outstanding), "calls": self._o_calls,
                     "tokens": self._o_tokens, "cost_usd": self._o_pusd / PUSD_PER_USD}
-
-    def outstanding_reservations(self) -> list[Reservation]:
-        """The unsettled reservations, oldest first."""
-        with self._lock:
-            return list(self._outstanding.values())
 
     def remaining(self) -> dict:
         """Room left per cap (settled and outstanding both count), ``None`` where uncapped:

@@ -49,3 +49,17 @@ class DivergenceError(HarnessError):
     """
 
     exit_code = 6
+
+
+class RunActiveError(HarnessError):
+    """A run id names a run that is still running (its owner's heartbeat is fresh), or another
+    process claimed it first: it is not a resume target (exit 2)."""
+
+    exit_code = 2
+
+
+class RunMismatchError(HarnessError):
+    """A run id was given with another query or another context than the ones it was recorded
+    with: a run id names one question about one context (exit 2)."""
+
+    exit_code = 2

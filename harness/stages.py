@@ -40,242 +40,23 @@ This module is pure standard library and imports nothing from ``rlm`` or ``kerne
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from harness.errors import IllegalTransition
+from harness.stage_model import (ROOT_ID, TERMINAL, TRANSITIONS, Kind, Stage, Status,  # noqa: F401
+                                 Usage, _has_usage, _SETTABLE)
 
 __all__ = [
-    "Status", "TERMINAL", "TRANSITIONS", "Kind", "Stage", "Usage", "StageTree", "Listener",
+    "Status", "TERMINAL", "TRANSITIONS", "Kind", "Stage", "Usage", "StageTree", "StageScope",
+    "Listener", "cancel_open",
 ]
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[dict], None]
-
-
-class Status(str, Enum):
-    """Status of a stage. The value is the lower-case name (``Status.running == "running"``)."""
-
-    pending = "pending"
-    running = "running"
-    completed = "completed"
-    failed = "failed"
-    cancelled = "cancelled"
-    budget_exceeded = "budget_exceeded"
-
-    def __str__(self) -> str:  # "running", not "Status.running"
-        return self.value
-
-    @property
-    def terminal(self) -> bool:
-        """``True`` for an absorbing status (no transition leaves it)."""
-        return self in TERMINAL
-
-
-#: Absorbing statuses: once a stage is in one of these, no transition leaves it.
-TERMINAL: frozenset[Status] = frozenset(
-    {Status.completed, Status.failed, Status.cancelled, Status.budget_exceeded})
-
-#: The one transition table: ``TRANSITIONS[a]`` is the set of statuses reachable from ``a``.
-#: Terminal statuses map to the empty set.
-TRANSITIONS: dict[Status, frozenset[Status]] = {
-    Status.pending: frozenset(
-        {Status.running, Status.cancelled, Status.budget_exceeded, Status.failed}),
-    Status.running: frozenset(
-        {Status.completed, Status.failed, Status.cancelled, Status.budget_exceeded}),
-    Status.completed: frozenset(),
-    Status.failed: frozenset(),
-    Status.cancelled: frozenset(),
-    Status.budget_exceeded: frozenset(),
-}
-assert set(TRANSITIONS) == set(Status), "every status needs a row in TRANSITIONS"
-assert all(not TRANSITIONS[s] for s in TERMINAL), "terminal statuses must be absorbing"
-
-
-class Kind(str, Enum):
-    """Kind of work a stage stands for. The value is used in stage ids (``run/iteration-0``)."""
-
-    run = "run"
-    iteration = "iteration"
-    model_call = "model_call"
-    cell = "cell"
-    llm_query = "llm_query"
-    child = "child"
-    fallback = "fallback"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-ROOT_ID = "run"
-
-# Fields ``transition(**fields)`` may set. Identity fields (id, parent, kind, level, ordinal),
-# status and created_at are not settable; status only moves through the table.
-_SETTABLE = frozenset({
-    "model", "started_at", "ended_at", "prompt_tokens", "completion_tokens", "calls",
-    "cost_usd", "error", "evidence", "meta",
-})
-
-
-@dataclass
-class Stage:
-    """One unit of work.
-
-    Attributes:
-        id: deterministic path id, ``"run"`` or ``f"{parent_id}/{kind}-{ordinal}"`` (str).
-        parent_id: id of the parent stage, ``None`` for the run (str | None).
-        kind: what the stage is (:class:`Kind`).
-        level: recursion level of the loop the stage belongs to; the root loop is 0 (int).
-        ordinal: index among the parent's stages of the same kind, in submission order (int).
-        status: current :class:`Status`.
-        model: model name for model-calling stages (str | None).
-        created_at, started_at, ended_at: wall clock, epoch seconds (float | None).
-            ``started_at`` is set on the transition to ``running``, ``ended_at`` on the
-            transition to a terminal status, unless given explicitly.
-        prompt_tokens, completion_tokens: the stage's *own* token counts (int, tokens).
-        calls: the stage's own number of model calls (int).
-        cost_usd: the stage's own cost (float, USD).
-        error: error text for failed/cancelled/budget_exceeded stages (str | None).
-        evidence: JSON-able proof of the outcome: the model reply text, the cell output, the
-            child's answer.
-        meta: free-form JSON-able dict.
-    """
-
-    id: str
-    parent_id: str | None
-    kind: Kind
-    level: int
-    ordinal: int
-    status: Status = Status.pending
-    model: str | None = None
-    created_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    calls: int = 0
-    cost_usd: float = 0.0
-    error: str | None = None
-    evidence: Any = None
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def total_tokens(self) -> int:
-        """``prompt_tokens + completion_tokens`` (int, tokens)."""
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def seconds(self) -> float | None:
-        """Elapsed wall seconds from start to end (float), ``None`` unless both are set."""
-        if self.started_at is None or self.ended_at is None:
-            return None
-        return self.ended_at - self.started_at
-
-    def to_dict(self) -> dict:
-        """JSON-able dict of all fields; ``kind`` and ``status`` as their string values.
-
-        ``meta`` is copied (one level); ``evidence`` is included as is.
-        """
-        return {
-            "id": self.id,
-            "parent_id": self.parent_id,
-            "kind": self.kind.value,
-            "level": self.level,
-            "ordinal": self.ordinal,
-            "status": self.status.value,
-            "model": self.model,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "calls": self.calls,
-            "cost_usd": self.cost_usd,
-            "error": self.error,
-            "evidence": self.evidence,
-            "meta": dict(self.meta) if self.meta else {},
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Stage":
-        """Rebuild a stage from :meth:`to_dict` output. Unknown keys are ignored."""
-        return cls(
-            id=d["id"],
-            parent_id=d.get("parent_id"),
-            kind=Kind(d["kind"]),
-            level=int(d.get("level", 0)),
-            ordinal=int(d.get("ordinal", 0)),
-            status=Status(d.get("status", Status.pending.value)),
-            model=d.get("model"),
-            created_at=d.get("created_at"),
-            started_at=d.get("started_at"),
-            ended_at=d.get("ended_at"),
-            prompt_tokens=int(d.get("prompt_tokens", 0) or 0),
-            completion_tokens=int(d.get("completion_tokens", 0) or 0),
-            calls=int(d.get("calls", 0) or 0),
-            cost_usd=float(d.get("cost_usd", 0.0) or 0.0),
-            error=d.get("error"),
-            evidence=d.get("evidence"),
-            meta=dict(d.get("meta") or {}),
-        )
-
-    def _copy(self) -> "Stage":
-        return dataclasses.replace(self, meta=dict(self.meta))
-
-
-@dataclass
-class Usage:
-    """Aggregated model usage.
-
-    Attributes:
-        prompt_tokens, completion_tokens: tokens (int).
-        calls: model calls (int).
-        cost_usd: cost (float, USD).
-    """
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    calls: int = 0
-    cost_usd: float = 0.0
-
-    @property
-    def total_tokens(self) -> int:
-        """``prompt_tokens + completion_tokens`` (int, tokens)."""
-        return self.prompt_tokens + self.completion_tokens
-
-    def __add__(self, other: "Usage") -> "Usage":
-        if not isinstance(other, Usage):
-            return NotImplemented
-        return Usage(self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens,
-                     self.calls + other.calls,
-                     self.cost_usd + other.cost_usd)
-
-    def to_dict(self) -> dict:
-        """``{prompt_tokens, completion_tokens, total_tokens, calls, cost_usd}``."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-            "calls": self.calls,
-            "cost_usd": self.cost_usd,
-        }
-
-    def _add_stage(self, s: Stage) -> None:
-        self.prompt_tokens += s.prompt_tokens
-        self.completion_tokens += s.completion_tokens
-        self.calls += s.calls
-        self.cost_usd += s.cost_usd
-
-
-def _has_usage(s: Stage) -> bool:
-    return bool(s.calls or s.prompt_tokens or s.completion_tokens or s.cost_usd)
 
 
 class StageTree:
@@ -303,11 +84,6 @@ class StageTree:
         self._next_ordinal: dict[tuple[str, Kind], int] = {}
 
     # ------------------------------------------------------------------ listeners
-
-    def add_listener(self, listener: Listener) -> None:
-        """Append a listener (called after the existing ones)."""
-        with self._locked():
-            self._listeners.append(listener)
 
     def _locked(self) -> threading.Lock:
         if self._notifying == threading.get_ident():
@@ -519,6 +295,46 @@ class StageTree:
                        undo)
             return stage._copy()
 
+    def stage(self, parent_id: str | None = None, kind: Kind | str | None = None,
+              level: int = 0, *, model: str | None = None, meta: dict | None = None,
+              existing: Stage | None = None, start: bool = True) -> "StageScope":
+        """A ``with`` block that is one stage: the only way the harness moves stages.
+
+        On entry the stage is created (or ``existing``, a pending stage created earlier so that
+        its ordinal follows program order, is taken over) and, unless ``start=False``, moved to
+        ``running``. On exit the outcome of the block decides its terminal status:
+
+        ==============================================  ===================================
+        how the block ended                             terminal status
+        ==============================================  ===================================
+        normally                                        ``completed`` (or what
+                                                        :meth:`StageScope.finish` asked for)
+        :class:`~harness.errors.BudgetExceeded`         ``budget_exceeded``
+        ``KeyboardInterrupt``, a ``CancelledError``     ``cancelled``
+        any other exception                             ``failed``
+        ==============================================  ===================================
+
+        ``error`` is set to the exception's text; evidence and meta set on the scope inside the
+        block are written with the terminal transition. The exception always propagates. A
+        stage still ``pending`` at exit (``start=False`` and :meth:`StageScope.start` never
+        called) goes straight to its terminal status; ``pending -> completed`` is not a legal
+        transition, so a normal exit from a never-started stage ends ``cancelled``.
+
+        The one tolerated case: the stage is already terminal when the block exits (the run
+        ended around it, e.g. :func:`cancel_open` at the wall cap). Terminal statuses are
+        absorbing, so that exit changes nothing; every other failure to record raises.
+
+        Returns:
+            a :class:`StageScope` context manager; ``scope.id`` is the stage id (str).
+        Raises:
+            IllegalTransition, KeyError: as :meth:`new_stage` / :meth:`transition`.
+        """
+        if existing is None:
+            if kind is None:
+                raise TypeError("stage() needs a kind, or an existing pending stage")
+            existing = self.new_stage(parent_id, kind, level, model=model, meta=meta)
+        return StageScope(self, existing, start)
+
     # ------------------------------------------------------------------ queries
 
     def get(self, stage_id: str) -> Stage:
@@ -593,14 +409,6 @@ class StageTree:
                 out[s.kind.value] = out.get(s.kind.value, 0) + 1
         return out
 
-    def counts_by_status(self) -> dict[str, int]:
-        """Number of stages per status, keyed by the status's string value."""
-        out: dict[str, int] = {}
-        with self._locked():
-            for s in self._stages.values():
-                out[s.status.value] = out.get(s.status.value, 0) + 1
-        return out
-
     def max_level(self) -> int:
         """Highest ``level`` of any stage (int); 0 for an empty tree."""
         with self._locked():
@@ -608,77 +416,16 @@ class StageTree:
 
     def render(self, root_id: str | None = None, *, now: float | None = None,
                max_level: int | None = None) -> str:
-        """Plain-text tree, two spaces of indentation per generation.
-
-        The first line gives totals for the subtree (stages, calls, tokens, USD). Each node line
-        shows: id tail, kind, status, level, tokens and cost *rolled up over its subtree*, and
-        seconds (end - start; now - start while running; ``-`` if not started).
+        """Plain-text tree (``rlm show``); see :func:`harness.stage_render.render_tree`.
 
         Args:
             root_id: subtree to render (str); the whole tree by default.
             now: wall clock used for running stages (epoch seconds); the tree's clock by default.
             max_level: omit stages whose ``level`` is above this (int | None).
         """
-        with self._locked():
-            if not self._stages:
-                return f"run {self.run_id}: (no stages)"
-            if now is None:
-                now = self._clock()
-            roots = ([root_id] if root_id is not None else
-                     [sid for sid, s in self._stages.items() if s.parent_id is None
-                      or s.parent_id not in self._stages])
-            for r in roots:
-                if r not in self._stages:
-                    raise KeyError(f"unknown stage {r!r}")
-            # post-order rollups for the subtrees rendered
-            roll: dict[str, Usage] = {}
-
-            def rollup(sid: str) -> Usage:
-                order: list[str] = []
-                stack = [sid]
-                while stack:
-                    x = stack.pop()
-                    order.append(x)
-                    stack.extend(self._children[x])
-                for x in reversed(order):
-                    u = Usage()
-                    u._add_stage(self._stages[x])
-                    for c in self._children[x]:
-                        u = u + roll[c]
-                    roll[x] = u
-                return roll[sid]
-
-            total = Usage()
-            n = 0
-            for r in roots:
-                total = total + rollup(r)
-                n += sum(1 for _ in self._subtree(r))
-            lines = [f"run {self.run_id}: {n} stages, {total.calls} calls, "
-                     f"{total.total_tokens} tokens "
-                     f"({total.prompt_tokens} in / {total.completion_tokens} out), "
-                     f"${total.cost_usd:.6f}"]
-            for r in roots:
-                base = r.count("/")
-                stack = [r]
-                while stack:
-                    sid = stack.pop()
-                    s = self._stages[sid]
-                    if max_level is not None and s.level > max_level:
-                        continue
-                    u = roll[sid]
-                    if s.started_at is None:
-                        secs = "-"
-                    else:
-                        end = s.ended_at if s.ended_at is not None else now
-                        secs = f"{end - s.started_at:.2f}s"
-                    tail = sid.rsplit("/", 1)[-1]
-                    indent = "  " * (sid.count("/") - base)
-                    model = f" {s.model}" if s.model else ""
-                    lines.append(
-                        f"{indent}{tail} [{s.kind.value}] {s.status.value} L{s.level}{model} "
-                        f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}")
-                    stack.extend(reversed(self._children[sid]))
-            return "\n".join(lines)
+        from harness.stage_render import render_tree
+        return render_tree(self.run_id, self.all(), now=self._clock() if now is None else now,
+                           root_id=root_id, max_level=max_level)
 
     # ------------------------------------------------------------------ persistence
 
@@ -729,3 +476,6 @@ class StageTree:
             key=lambda kv: (kv[1].created_at if kv[1].created_at is not None else 0.0,
                             kv[0].count("/"))))
         return tree
+
+
+from harness.stage_scope import StageScope, cancel_open  # noqa: E402  (it needs Stage, Status)

@@ -4,14 +4,15 @@ Each kernel is registered with a fresh random token and the process id of the
 kernel. A request is served only if its token is registered *and* the process
 on the other end of the socket (``SO_PEERCRED``) is that kernel or one of its
 descendants, so a token read out of another kernel is useless. The handler sees
-the :class:`Registration` (the host's record: which stage, which level), never
+the :class:`Registration` (the host's record: which kernel, which owner), never
 anything the kernel claims about itself.
 
-The socket lives in a private directory (mode 0700) removed on :meth:`close`.
+Messages, op names and error kinds are defined in :mod:`kernels.protocol`; the
+kernel's end is :mod:`kernels.runtime`. The socket lives in a private directory
+(mode 0700) removed on :meth:`BridgeServer.close`.
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -19,8 +20,11 @@ import socket
 import struct
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from kernels.protocol import (ErrorKind, encode_error, recv_message, reply_error, reply_ok,
+                              send_message)
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -38,14 +42,20 @@ class Registration:
     token: str
     pid: int
     owner: Any
-    extra: dict = field(default_factory=dict)
 
 
 class BridgeError(Exception):
     """Raised by a handler to send a typed error back to the kernel.
 
-    ``type`` names the in-kernel exception class (``BudgetExceeded``,
-    ``ChildRLMError``, ``DepthError``, ``SubcallError``); ``attrs`` its fields.
+    Args:
+        type_: one of :class:`kernels.protocol.ErrorKind`: it names the exception the
+            kernel raises (``BudgetExceeded``, ``ChildRLMError``, ``DepthError``,
+            ``SubcallError``).
+        message: the exception's text (str).
+        attrs: its attributes (see :data:`kernels.protocol.ERROR_ATTRS`), JSON-serialisable.
+
+    Attributes:
+        type: ``type_``; attrs: dict of ``attrs``.
     """
 
     def __init__(self, type_: str, message: str, **attrs: Any) -> None:
@@ -54,10 +64,29 @@ class BridgeError(Exception):
         self.attrs = attrs
 
     def to_wire(self) -> dict:
-        return {"type": self.type, "message": str(self), **self.attrs}
+        """The error as sent to the kernel: ``{"type", "message", **attrs}`` (a dict).
+
+        See :func:`kernels.protocol.encode_error`; raises nothing.
+        """
+        return encode_error(self.type, str(self), **self.attrs)
 
 
+#: The host's op dispatcher: ``handler(registration, op, args) -> value``. ``op`` is the
+#: request's op (str, one of :class:`kernels.protocol.Op` unless the kernel sent junk),
+#: ``args`` its arguments (dict). The value must be JSON-serialisable (for a batched op,
+#: a list of :func:`kernels.protocol.item_ok` / :func:`~kernels.protocol.item_error`).
+#: It raises :class:`BridgeError` for a typed error in the kernel; any other exception
+#: reaches the kernel as a ``SubcallError`` with ``"ExcType: message"``. Called on the
+#: connection's thread: one call at a time per kernel connection, concurrently across them.
 Handler = Callable[[Registration, str, dict], Any]
+
+_REFUSED = ("bridge refused the request: this process is not the kernel "
+            "that token was issued to")
+
+
+def _error_reply(exc: BaseException) -> dict:
+    """An untyped host failure as the kernel sees it: a ``SubcallError`` reply."""
+    return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def _ancestors(pid: int, stop: int, limit: int = 16) -> bool:
@@ -80,12 +109,16 @@ class BridgeServer:
     """Serves kernel requests on a Unix socket, one thread per connection.
 
     Args:
-        handler: ``handler(registration, op, args) -> JSON-able value``; raise
+        handler: the op dispatcher (see :data:`Handler`):
+            ``handler(registration, op, args) -> JSON-able value``; raise
             :class:`BridgeError` for a typed error in the kernel. Any other
             exception becomes a ``SubcallError`` with its message.
 
     Attributes:
         path: filesystem path of the socket (str).
+
+    Raises:
+        OSError: the socket directory or the socket could not be created.
     """
 
     def __init__(self, handler: Handler) -> None:
@@ -104,15 +137,23 @@ class BridgeServer:
         self._thread.start()
 
     # registrations -----------------------------------------------------
-    def register(self, pid: int, owner: Any, **extra: Any) -> Registration:
-        """Create a new secret token for the kernel process ``pid``, served by ``owner``."""
-        reg = Registration(token=secrets.token_hex(16), pid=pid, owner=owner, extra=extra)
+    def register(self, pid: int, owner: Any) -> Registration:
+        """Create a new secret token for the kernel process ``pid``, served by ``owner``.
+
+        Returns the :class:`Registration`; its ``token`` (32 hex chars) goes into
+        :func:`kernels.protocol.bind_code`. What the kernel may do (its level, its budget
+        scope) is kept on ``owner`` by the host, never taken from the kernel.
+        """
+        reg = Registration(token=secrets.token_hex(16), pid=pid, owner=owner)
         with self._lock:
             self._regs[reg.token] = reg
         return reg
 
     def update_pid(self, token: str, pid: int) -> None:
-        """The kernel was restarted: only the new process may use ``token`` from now on."""
+        """The kernel was restarted: only the new process may use ``token`` from now on.
+
+        Raises KeyError if ``token`` is not registered.
+        """
         with self._lock:
             self._regs[token].pid = pid
 
@@ -138,16 +179,15 @@ class BridgeServer:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             peer_pid = _PEERCRED.unpack(creds)[0]
             while True:
-                head = self._recv(conn, 4)
-                if head is None:
-                    return
-                (n,) = struct.unpack(">I", head)
-                body = self._recv(conn, n)
-                if body is None:
-                    return
-                reply = self._dispatch(peer_pid, body)
-                data = json.dumps(reply).encode()
-                conn.sendall(struct.pack(">I", len(data)) + data)
+                try:
+                    req = recv_message(conn)
+                except ValueError as exc:  # a whole frame, but not JSON: answer, keep serving
+                    reply = _error_reply(exc)
+                else:
+                    if req is None:
+                        return
+                    reply = self._dispatch(peer_pid, req)
+                send_message(conn, reply)
         except OSError:
             return
         finally:
@@ -158,34 +198,24 @@ class BridgeServer:
             except OSError:
                 pass
 
-    @staticmethod
-    def _recv(conn: socket.socket, n: int) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = conn.recv(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
+    def _dispatch(self, peer_pid: int, req: Any) -> dict:
+        """Authenticate one decoded request and run the handler; returns the reply dict.
 
-    def _dispatch(self, peer_pid: int, body: bytes) -> dict:
+        Never raises: a refused request, a :class:`BridgeError` and any other
+        exception of the handler all become error replies.
+        """
         try:
-            req = json.loads(body)
             token = req.get("token")
             with self._lock:
                 reg = self._regs.get(token) if isinstance(token, str) else None
             if reg is None or not _ancestors(peer_pid, reg.pid):
-                return {"ok": False, "error": {
-                    "type": "SubcallError",
-                    "message": "bridge refused the request: this process is not the kernel "
-                               "that token was issued to"}}
+                return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
             value = self._handler(reg, str(req.get("op")), req.get("args") or {})
-            return {"ok": True, "value": value}
+            return reply_ok(value)
         except BridgeError as exc:
-            return {"ok": False, "error": exc.to_wire()}
+            return reply_error(exc.to_wire())
         except Exception as exc:  # the kernel gets a message, the host goes on
-            return {"ok": False, "error": {"type": "SubcallError",
-                                           "message": f"{type(exc).__name__}: {exc}"}}
+            return _error_reply(exc)
 
     def close(self) -> None:
         """Stop serving, drop every connection and remove the socket directory."""

@@ -1,10 +1,11 @@
 """Kernel lifecycle on jupyter_client: start, execute with a timeout, interrupt, restart, shut down.
 
 A :class:`Kernel` is one ipykernel process started by ``jupyter_client`` with
-a scrubbed environment (an allow-list: no API keys or tokens of the host), its
-own working directory, and IPC transport for its ZeroMQ channels. The kernel
-imports :mod:`kernels.runtime` at start-up, so a kernel taken from the
-:class:`KernelPool` needs only one short ``bind`` cell to serve an RLM.
+a scrubbed environment (:func:`kernels.secrets.kernel_env`, an allow-list: no API
+keys or tokens of the host), its own working directory, and IPC transport for its
+ZeroMQ channels. The kernel imports :mod:`kernels.runtime` at start-up
+(:data:`kernels.protocol.BOOT_CODE`), so a kernel taken from the :class:`KernelPool`
+needs only one short bind cell (:func:`kernels.protocol.bind_code`) to serve an RLM.
 
 ``jupyter_client`` sets ``JPY_PARENT_PID`` and ipykernel's parent poller exits
 the kernel within about a second when the host process dies (even by SIGKILL),
@@ -12,8 +13,6 @@ so kernels never outlive their host.
 """
 from __future__ import annotations
 
-import ast
-import json
 import os
 import queue
 import re
@@ -22,27 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jupyter_client import KernelManager
 
-#: Environment variables passed through to kernels; everything else is dropped.
-ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE",
-             "TZ", "TMPDIR", "SHELL", "TERM", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT",
-             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS")
+from kernels.protocol import BOOT_CODE, FINAL_EXPR, parse_final  # noqa: F401 (re-exported)
+from kernels.secrets import kernel_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-_BOOT = "import kernels.runtime as __rlm_rt"
-
-
-def scrubbed_env(extra: dict | None = None) -> dict:
-    """The kernel's environment: the allow-listed host variables plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
-    env.update(extra or {})
-    return env
 
 
 @dataclass
@@ -64,22 +50,24 @@ class CellResult:
     died: bool = False
     final: str | None = None
     seconds: float = 0.0
-    notes: list = field(default_factory=list)
 
 
 class KernelDied(Exception):
-    """The kernel process is gone."""
+    """The kernel process is gone (or was killed because it ignored an interrupt)."""
 
 
 class Kernel:
     """One ipykernel process driven through a blocking jupyter_client client.
 
+    Constructing one starts nothing; :meth:`start` does.
+
     Args:
         workdir: the kernel's working directory (created if missing; a fresh
             temporary directory when None, removed at shutdown).
+        start_timeout: seconds :meth:`start` waits for the kernel to answer.
 
     Raises:
-        RuntimeError: the kernel did not start or answer within ``start_timeout`` s.
+        OSError: ``workdir`` cannot be created.
     """
 
     def __init__(self, workdir: str | None = None, start_timeout: float = 30.0) -> None:
@@ -89,19 +77,25 @@ class Kernel:
         self.start_timeout = start_timeout
         self.km: KernelManager | None = None
         self.kc = None
-        self.restarts = 0
         self._lock = threading.Lock()
         self._closed = False
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> "Kernel":
-        """Start the kernel process and wait until it answers (about 0.6 s cold here)."""
+        """Start the kernel process and wait until it answers (about 0.6 s cold here).
+
+        Returns ``self``.
+
+        Raises:
+            RuntimeError: the kernel did not answer within ``start_timeout`` s (it is
+                killed), or :meth:`shutdown` was called while it was starting.
+        """
         km = KernelManager(kernel_name="python3", transport="ipc")
         km.ip = os.path.join(self.workdir, ".k")
         km.kernel_spec  # resolve now; the native spec uses this interpreter
         km.kernel_spec.argv[0] = sys.executable
-        km.start_kernel(env=scrubbed_env(), cwd=self.workdir,
-                        extra_arguments=[f"--IPKernelApp.exec_lines={_BOOT}",
+        km.start_kernel(env=kernel_env(), cwd=self.workdir,
+                        extra_arguments=[f"--IPKernelApp.exec_lines={BOOT_CODE}",
                                          "--HistoryManager.enabled=False",
                                          "--IPKernelApp.log_level=CRITICAL"])
         kc = km.blocking_client()
@@ -131,6 +125,10 @@ class Kernel:
         return proc.pid if proc is not None else 0
 
     def is_alive(self) -> bool:
+        """True if the kernel was started, not shut down, and its process still runs.
+
+        Never raises; cheap (a ``poll`` of the child process).
+        """
         return bool(self.km is not None and self.km.is_alive())
 
     def interrupt(self) -> None:
@@ -161,6 +159,14 @@ class Kernel:
     def execute(self, code: str, timeout: float | None = None,
                 user_expressions: dict | None = None) -> tuple[CellResult, dict]:
         """Run ``code``; returns the :class:`CellResult` and the evaluated user expressions.
+
+        Args:
+            code: Python source of one cell.
+            timeout: seconds before the cell is interrupted (None: no limit).
+            user_expressions: name -> Python expression, evaluated after the cell (e.g.
+                ``{FINAL_KEY: FINAL_EXPR}``); returned as Jupyter's
+                ``{name: {"status", "data": {"text/plain": repr}}}`` dict ({} if the
+                reply did not arrive within 5 s).
 
         On timeout the kernel is interrupted; if it does not settle within 3 s,
         ``KernelDied`` is raised after killing it, so the caller restarts it.
@@ -228,37 +234,9 @@ class Kernel:
         res.seconds = time.monotonic() - t0
         return res, exprs
 
-    def evaluate(self, expression: str, timeout: float = 10.0):
-        """Evaluate one Python expression in the kernel; returns its value via ``repr``.
-
-        The expression's ``repr`` must be a Python literal (str, number, dict, ...).
-        """
-        _, exprs = self.execute("", timeout=timeout, user_expressions={"v": expression})
-        return _expr_value(exprs.get("v"))
-
     def _died_text(self, parts: list[str]) -> str:
         tail = "".join(parts)[-500:]
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
-
-
-def _expr_value(v: dict | None):
-    if not v:
-        return None
-    if v.get("status") != "ok":
-        raise RuntimeError(f"{v.get('ename')}: {v.get('evalue')}")
-    return ast.literal_eval(v["data"]["text/plain"])
-
-
-FINAL_EXPR = "__import__('json').dumps(__rlm_rt.take_final())"
-
-
-def parse_final(exprs: dict) -> str | None:
-    """The answer from a cell's ``FINAL_EXPR`` user expression, or None."""
-    v = exprs.get("final")
-    if not v or v.get("status") != "ok":
-        return None
-    got = json.loads(ast.literal_eval(v["data"]["text/plain"]))
-    return None if got is None else got["answer"]
 
 
 class KernelPool:
@@ -324,7 +302,11 @@ class KernelPool:
         k.shutdown()
 
     def acquire(self) -> Kernel:
-        """A started kernel that no RLM has used: from the pool if one is ready, else cold."""
+        """A started kernel that no RLM has used: from the pool if one is ready, else cold.
+
+        Raises:
+            RuntimeError: a cold start failed (see :meth:`Kernel.start`).
+        """
         k = None
         while True:
             try:
@@ -341,7 +323,7 @@ class KernelPool:
         return k
 
     def release(self, k: Kernel) -> None:
-        """Shut ``k`` down (kernels are never reused)."""
+        """Shut ``k`` down (kernels are never reused). Never raises."""
         self._drop(k)
 
     def close(self) -> None:

@@ -8,16 +8,16 @@ token; the host checks the token *and* the connecting process id, so nothing
 the model's code rewrites here (globals, environment, this module) can change
 its depth, its budget scope, or let it act as another kernel.
 
-Wire format (both ways): 4-byte big-endian length, then a UTF-8 JSON object.
-Request ``{"token", "op", "args"}``; reply ``{"ok": true, "value"}`` or
-``{"ok": false, "error": {"type", "message", ...attributes}}``.
+The wire format, the op names and the error kinds are in :mod:`kernels.protocol`.
 """
 from __future__ import annotations
 
 import json
 import socket
-import struct
 import threading
+
+from kernels.protocol import (ErrorKind, Op, decode_error, encode_frame, final_value,
+                              is_error_item, recv_message, request)
 
 # Names restored after every cell. Filled in by bind().
 RESERVED: dict = {}
@@ -71,18 +71,13 @@ class BatchError(RLMKernelError):
         self.errors = {i: r for i, r in enumerate(self.results) if isinstance(r, BaseException)}
 
 
-_ERROR_TYPES = {c.__name__: c for c in (BudgetExceeded, ChildRLMError, DepthError, SubcallError)}
+#: The exception raised in the kernel for each wire error kind.
+ERROR_CLASSES = {ErrorKind.BUDGET_EXCEEDED: BudgetExceeded, ErrorKind.CHILD_RLM_ERROR: ChildRLMError,
+                 ErrorKind.DEPTH_ERROR: DepthError, ErrorKind.SUBCALL_ERROR: SubcallError}
 
 
 def _decode_error(err: dict) -> BaseException:
-    cls = _ERROR_TYPES.get(err.get("type"), SubcallError)
-    msg = err.get("message", "sub-call failed")
-    if cls is BudgetExceeded:
-        return BudgetExceeded(msg, err.get("cap"), err.get("limit"), err.get("used"),
-                              err.get("requested"), err.get("remaining"))
-    if cls is ChildRLMError:
-        return ChildRLMError(msg, err.get("status", "failed"), err.get("reason", ""))
-    return cls(msg)
+    return decode_error(err, ERROR_CLASSES)
 
 
 def _connection() -> socket.socket:
@@ -94,23 +89,19 @@ def _connection() -> socket.socket:
     return sock
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("the host closed the bridge connection")
-        buf += chunk
-    return bytes(buf)
-
-
 def _call(op: str, **args):
-    payload = json.dumps({"token": _CONF["token"], "op": op, "args": args}).encode()
+    """Send one request to the host and wait for its reply; returns the reply's value.
+
+    Raises the decoded in-kernel exception if the host answered with an error, and
+    ConnectionError if the host closed the connection.
+    """
+    frame = encode_frame(request(_CONF["token"], op, args))
     sock = _connection()
     try:
-        sock.sendall(struct.pack(">I", len(payload)) + payload)
-        (n,) = struct.unpack(">I", _recv_exact(sock, 4))
-        reply = json.loads(_recv_exact(sock, n))
+        sock.sendall(frame)
+        reply = recv_message(sock)
+        if reply is None:
+            raise ConnectionError("the host closed the bridge connection")
     except BaseException:
         # A half-read reply (e.g. KeyboardInterrupt at the cell timeout) would
         # desynchronise the stream: drop this connection, the next call opens a new one.
@@ -126,7 +117,7 @@ def _call(op: str, **args):
 
 
 def _batch_results(values: list, return_exceptions: bool, what: str):
-    results = [(_decode_error(v["error"]) if isinstance(v, dict) and "error" in v
+    results = [(_decode_error(v["error"]) if is_error_item(v)
                 else v.get("value") if isinstance(v, dict) else v) for v in values]
     failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
     if failed and not return_exceptions:
@@ -147,37 +138,47 @@ def _text(x, name: str) -> str:
 
 
 def llm_query(prompt, model=None):
-    """One plain completion of ``prompt`` by the sub-call model; returns the reply text (str)."""
-    return _call("llm_query", prompt=_text(prompt, "prompt"), model=model)
+    """One plain completion of ``prompt`` by the sub-call model; returns the reply text (str).
+
+    Raises BudgetExceeded (refused by a cap, never sent), DepthError (``max_depth=0``)
+    or SubcallError (the call failed in the host).
+    """
+    return _call(Op.LLM_QUERY, prompt=_text(prompt, "prompt"), model=model)
 
 
 def llm_query_batched(prompts, model=None, return_exceptions=False):
     """Many plain completions, run concurrently by the host; answers in input order (list[str]).
 
     If an item fails, raises BatchError carrying every item's result or error, unless
-    ``return_exceptions=True``, which returns the exceptions in place.
+    ``return_exceptions=True``, which returns the exceptions in place. A refusal of the
+    whole batch raises as :func:`llm_query` does.
     """
     prompts = [_text(p, "prompt") for p in prompts]
-    values = _call("llm_query_batched", prompts=prompts, model=model)
-    return _batch_results(values, return_exceptions, "llm_query_batched")
+    values = _call(Op.LLM_QUERY_BATCHED, prompts=prompts, model=model)
+    return _batch_results(values, return_exceptions, Op.LLM_QUERY_BATCHED)
 
 
 def rlm(prompt, query=None, model=None):
     """A child RLM whose kernel holds ``prompt`` as its ``context``; returns its answer (str).
 
     At the depth limit this is a plain completion instead. A failed child raises
-    ChildRLMError (with ``status`` and ``reason``), never returns a failure as text.
+    ChildRLMError (with ``status`` and ``reason``), never returns a failure as text;
+    otherwise raises as :func:`llm_query` does.
     """
     if not isinstance(prompt, (str, list, dict)):
         prompt = str(prompt)
-    return _call("rlm", prompt=prompt, query=query, model=model)
+    return _call(Op.RLM, prompt=prompt, query=query, model=model)
 
 
 def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
-    """Many child RLMs, run concurrently by the host; answers in input order (list[str])."""
+    """Many child RLMs, run concurrently by the host; answers in input order (list[str]).
+
+    Failed items raise BatchError, or come back in place with ``return_exceptions=True``,
+    as in :func:`llm_query_batched`.
+    """
     prompts = [p if isinstance(p, (str, list, dict)) else str(p) for p in prompts]
-    values = _call("rlm_batched", prompts=prompts, query=query, model=model)
-    return _batch_results(values, return_exceptions, "rlm_batched")
+    values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model)
+    return _batch_results(values, return_exceptions, Op.RLM_BATCHED)
 
 
 def FINAL(value):
@@ -255,7 +256,11 @@ def _restore(*_args) -> None:
 
 
 def load_context(path: str, fmt: str):
-    """Read the context file written by the host: ``fmt`` is ``"text"`` or ``"json"``."""
+    """Read the context file written by the host: ``fmt`` is ``"text"`` or ``"json"``.
+
+    Returns the text (str) or the decoded JSON value. Raises OSError if the file cannot
+    be read, ValueError if it is not UTF-8 (text) or not JSON (json).
+    """
     if fmt == "json":
         with open(path, "rb") as f:
             return json.loads(f.read())
@@ -266,7 +271,16 @@ def load_context(path: str, fmt: str):
 def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text") -> str:
     """Bind this kernel to one RLM instance: its bridge, its secret and its ``context``.
 
-    Called once per kernel by the host. Returns a short description for the host's log.
+    Called once per kernel by the host, through :func:`kernels.protocol.bind_code`.
+
+    Args:
+        socket_path: the bridge's Unix socket; connected on the first sub-call.
+        token: this kernel's secret (hex str).
+        context_path: the context file, or None (``context`` is then None).
+        fmt: ``"text"`` or ``"json"`` (see :func:`load_context`).
+
+    Returns a short description for the host's log (str). Raises what
+    :func:`load_context` raises.
     """
     _CONF.update(socket=socket_path, token=token)
     _STATE.sock = None
@@ -292,8 +306,10 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
 def take_final():
     """Host-side helper: pop the answer set by FINAL in the last cell, or None.
 
-    The host calls this in the same ``user_expressions`` round trip as the cell.
+    Returns ``{"answer": str}`` (see :func:`kernels.protocol.final_value`) or None. The
+    host calls this through :data:`kernels.protocol.FINAL_EXPR`, in the same
+    ``user_expressions`` round trip as the cell.
     """
     if "answer" in _FINAL:
-        return {"answer": _FINAL.pop("answer")}
+        return final_value(_FINAL.pop("answer"))
     return None

@@ -9,9 +9,9 @@ from harness.errors import BudgetExceeded
 from .api import RLM, Result, completion
 from .errors import (ChildRLMError, ConfigError, ContextError, DivergenceError,
                      EmbeddedModelUnavailable, EndpointError, KernelError, ModelReplyError,
-                     NoAnswerError, RLMError, RunActiveError)
+                     RLMError, RunActiveError)
 
 __all__ = ["completion", "RLM", "Result", "Budget", "BudgetExceeded", "RLMError", "ConfigError",
            "ContextError", "EndpointError", "ModelReplyError", "KernelError", "ChildRLMError",
-           "DivergenceError", "RunActiveError", "NoAnswerError", "EmbeddedModelUnavailable"]
+           "DivergenceError", "RunActiveError", "EmbeddedModelUnavailable"]
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ code  meaning
 from __future__ import annotations
 
 from harness.errors import (BudgetExceeded, DivergenceError, HarnessError,  # noqa: F401
-                            IllegalTransition)
+                            IllegalTransition, RunActiveError, RunMismatchError)
 
 
 class RLMError(Exception):
@@ -59,12 +59,6 @@ class KernelError(RLMError):
     exit_code = 4
 
 
-class DepthError(RLMError):
-    """A sub-call was made where the depth limit allows none (``max_depth=0``)."""
-
-    exit_code = 2
-
-
 class ChildRLMError(RLMError):
     """A child RLM failed. ``status`` is the child's final status, ``reason`` why.
 
@@ -76,15 +70,3 @@ class ChildRLMError(RLMError):
         super().__init__(message)
         self.status = status
         self.reason = reason or message
-
-
-class RunActiveError(RLMError):
-    """Resume was asked for a run whose owner is still alive (fresh heartbeat)."""
-
-    exit_code = 2
-
-
-class NoAnswerError(RLMError):
-    """The run ended without a FINAL answer (exit 7)."""
-
-    exit_code = 7

@@ -97,25 +97,15 @@ def test_depth_semantics():
     assert b1.subcalls_allowed and not b1.child_gets_kernel(0)  # rlm() at the root -> fallback
     b3 = Budget(max_depth=3)
     assert b3.child_gets_kernel(0) and b3.child_gets_kernel(1) and not b3.child_gets_kernel(2)
-    a = Accountant(Budget(max_depth=0), table())
-    with pytest.raises(BudgetExceeded) as ei:
-        a.check_subcall(0)
-    assert ei.value.cap == "depth"
-    Accountant(Budget(max_depth=2), table()).check_subcall(1)
 
 
-def test_iterations_and_children_caps():
-    a = Accountant(Budget(max_iterations=3, max_children_per_call=4), table())
-    for done in range(3):
-        a.check_iterations(done)
-    with pytest.raises(BudgetExceeded) as ei:
-        a.check_iterations(3)
-    assert (ei.value.cap, ei.value.limit) == ("iterations", 3)
+def test_children_cap():
+    a = Accountant(Budget(max_children_per_call=4), table())
     a.check_children(0, 4)
     with pytest.raises(BudgetExceeded) as ei:
         a.check_children(2, 3)
     assert (ei.value.cap, ei.value.used, ei.value.requested) == ("children", 2, 3)
-    assert a.refusals() == {"iterations": 1, "children": 1}
+    assert a.refusals() == {"children": 1}
 
 
 # ---------------------------------------------------------------------- concurrency: caps

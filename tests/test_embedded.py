@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import rlm.embedded as emb
+import rlm
+import rlm.embedded.weights as weights
 from rlm.embedded import (
     MODELS,
     EmbeddedServer,
@@ -103,8 +104,8 @@ def test_stamp_skips_rehash_until_the_file_changes(site, tmp_path, monkeypatch):
     make_dist(site, "rlmtest-stamp", "1.0", {"rlmtest_stamp/w.gguf": data})
     spec = spec_for([PartRef("rlmtest-stamp", "1.0", "rlmtest_stamp/w.gguf")], data)
     hashed = []
-    real = emb._sha256_file
-    monkeypatch.setattr(emb, "_sha256_file", lambda p: hashed.append(p) or real(p))
+    real = weights._sha256_file
+    monkeypatch.setattr(weights, "_sha256_file", lambda p: hashed.append(p) or real(p))
     cache = tmp_path / "cache"
 
     path = assemble_weights(spec, cache)
@@ -190,7 +191,7 @@ def test_unknown_model_and_bad_settings_are_config_errors():
 def test_missing_xllamacpp_is_one_line_with_install_command(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        emb.importlib.util, "find_spec", lambda name, *a: None if name == "xllamacpp" else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "xllamacpp" else real(name, *a)
     )
     with pytest.raises(EmbeddedModelUnavailable) as err:
         EmbeddedServer("smollm2-135m", cache_dir=tmp_path).start()
@@ -314,7 +315,7 @@ def test_server_exits_when_its_host_dies_without_stopping(tmp_path):
         "print(s.pid, s.port, flush=True)\n"
         "os._exit(0)\n"  # no stop(), no atexit: as if the host were killed
     )
-    root = str(Path(emb.__file__).resolve().parent.parent)
+    root = str(Path(rlm.__file__).resolve().parent.parent)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": root},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import harness.journal as journal_mod
+import harness.journal.schema as journal_mod
 from harness.errors import HarnessError
 from harness.journal import (
     APPLICATION_ID,

@@ -1,0 +1,158 @@
+"""Resume and replay from the journal: which recorded model call may stand in for a new one.
+
+A run is re-driven from its start; every model call asks :meth:`Replay.lookup` first. A call
+whose id (its deterministic stage id) and request hash match the journal is served from it: not
+sent, not paid again. What happens otherwise depends on the mode:
+
+* **resume** (``strict=False``): a call the journal does not hold goes live; a call whose request
+  differs is a *divergence*, handled by the policy: ``"stop"`` raises
+  :class:`~harness.errors.DivergenceError` (nothing served for it), ``"live"`` records the
+  divergence and sends this and every later call live.
+* **replay** (``strict=True``): every call must be in the journal with the same request; anything
+  else is a divergence (a finished run re-executes with zero model calls).
+
+The stored request is hashed again on lookup, so a journal edited after the fact is caught too.
+
+This module is bookkeeping only: it imports nothing from ``rlm`` or ``kernels``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from harness.errors import DivergenceError, RunActiveError, RunMismatchError
+from harness.journal import request_hash
+
+__all__ = ["Replay", "RECORDED_STATES", "REPLAYABLE_STATES", "POLICIES", "check_same_run",
+           "begin_resume", "replay_target"]
+
+#: Journal states for which a run id returns the recorded result instead of running again.
+#: ``failed``/``cancelled``/``crashed``/``interrupted`` runs are resumed instead (a retried
+#: workflow step continues where it stopped).
+RECORDED_STATES = ("completed", "budget_exceeded")
+
+#: Journal states a finished run may be replayed from.
+REPLAYABLE_STATES = ("completed", "failed", "budget_exceeded")
+
+#: Divergence policies of a resume: stop with a report, or go live from the diverging call.
+POLICIES = ("stop", "live")
+
+
+class Replay:
+    """Serves recorded model calls of one run, by call id and request hash. Thread-safe.
+
+    Args:
+        journal: a :class:`harness.journal.Journal` holding the run.
+        run_id: the run whose calls are served (str).
+        strict: ``True`` for replay (every call must be recorded), ``False`` for resume.
+        policy: ``"stop"`` or ``"live"`` (see the module docstring); ignored when strict.
+
+    Attributes:
+        served: calls served from the journal so far (int).
+        live_from: the first call id sent live after a divergence under ``"live"`` (or None).
+        divergences: ``[{"call_id", "recorded_hash", "new_hash"}]`` found so far.
+    """
+
+    def __init__(self, journal: Any, run_id: str, *, strict: bool, policy: str = "stop") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"divergence policy must be one of {POLICIES}, got {policy!r}")
+        self.journal, self.run_id, self.strict, self.policy = journal, run_id, strict, policy
+        self.served = 0
+        self.live_from: str | None = None
+        self.divergences: list[dict] = []
+        self._lock = threading.Lock()
+
+    def lookup(self, call_id: str, req_hash: str) -> dict | None:
+        """The recorded call to serve for ``call_id`` whose request hashes to ``req_hash``.
+
+        Returns:
+            the journal's record (``response``, ``usage``, ... see
+            ``Journal.lookup_model_call``), or ``None``: send this call live.
+        Raises:
+            DivergenceError: strict and the call is not recorded; or the recorded request
+                differs and the policy is ``"stop"`` (or strict).
+        """
+        if self.live_from is not None and self.policy == "live":
+            return None
+        rec = self.journal.lookup_model_call(self.run_id, call_id)
+        if rec is None:
+            if self.strict:
+                raise DivergenceError(f"replay: call {call_id} is not in the journal of run "
+                                      f"{self.run_id}; the run took a different path")
+            return None
+        stored = rec.get("request")
+        stored_hash = request_hash(stored) if isinstance(stored, dict) else rec["request_hash"]
+        if rec["request_hash"] == req_hash and stored_hash == req_hash:
+            with self._lock:
+                self.served += 1
+            return rec
+        with self._lock:
+            self.divergences.append({"call_id": call_id, "recorded_hash": stored_hash,
+                                     "new_hash": req_hash})
+            if self.policy == "live" and not self.strict:
+                self.live_from = self.live_from or call_id
+                return None
+        raise DivergenceError(
+            f"divergence at call {call_id}: the request differs from the one recorded in run "
+            f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
+            "Nothing was served from the journal for it. Resume with --on-divergence live "
+            "to continue live from this point.")
+
+
+def check_same_run(record: dict, query: str | None, context_sha256: str) -> None:
+    """A run id names one question about one context: refuse to reuse it for another.
+
+    Args:
+        record: the run's journal record (``Journal.get_run``).
+        query: the query given now (str | None); ``context_sha256``: the context's hash now.
+    Raises:
+        RunMismatchError: the query or the context differs from the recorded ones.
+    """
+    if (record.get("query") or "") != (query or ""):
+        raise RunMismatchError(f"run id {record['run_id']!r} was recorded with another query "
+                               f"({record.get('query')!r}); use a new --run-id for a new question")
+    want = (record.get("options") or {}).get("context_sha256")
+    if want and context_sha256 != want:
+        raise RunMismatchError(f"run id {record['run_id']!r} was recorded with another context "
+                               "(sha256 differs); use a new --run-id for a new context")
+
+
+def begin_resume(journal: Any, record: dict, policy: str = "stop") -> Replay | None:
+    """Decide what a known run id means now, and claim the run when it is to be resumed.
+
+    Args:
+        journal: the journal holding ``record``; ``record``: from ``Journal.get_run``.
+        policy: the divergence policy of the resume (``"stop"`` | ``"live"``).
+    Returns:
+        ``None`` when the run finished with a recorded result (state in
+        :data:`RECORDED_STATES`: return that, run nothing); else a :class:`Replay` serving its
+        recorded calls, the run now owned by this process.
+    Raises:
+        RunActiveError: the run is still running (fresh heartbeat), or another process
+            claimed it first.
+    """
+    run_id = record["run_id"]
+    if record["state"] in RECORDED_STATES:
+        return None
+    if record["state"] == "running":
+        age = time.time() - (record.get("heartbeat_at") or 0)
+        raise RunActiveError(
+            f"run {run_id} is still running (pid {record.get('owner_pid')} on "
+            f"{record.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "
+            "to finish, or resume it once its heartbeat is stale")
+    if not journal.claim_run(run_id):
+        raise RunActiveError(f"run {run_id} could not be claimed for resume "
+                             "(another process took it first)")
+    return Replay(journal, run_id, strict=False, policy=policy)
+
+
+def replay_target(record: dict) -> None:
+    """Check that a run may be replayed (it finished).
+
+    Raises:
+        RunActiveError: the run has not finished (resume it instead).
+    """
+    if record["state"] not in REPLAYABLE_STATES:
+        raise RunActiveError(f"run {record['run_id']} is {record['state']}; only a finished run "
+                             "can be replayed (resume it with `rlm resume`)")

@@ -1,0 +1,253 @@
+"""The loop of one RLM (the root, or a child at any level), with a kernel of its own.
+
+Each turn (an ``iteration`` stage): one model call with the conversation so far; every
+```` ```repl ```` block of the reply runs in the loop's kernel (one ``cell`` stage each); the
+outputs go back to the model. The loop ends only when executed code sets the answer
+(``FINAL``/``FINAL_VAR``); after ``max_iterations`` turns one last turn asks for it.
+
+Sub-calls the kernel's code makes (``llm_query``, ``rlm`` and their batched forms) reach the
+loop's :class:`~rlm.subcalls.Subcalls` through the bridge while a cell runs.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from harness.stages import Kind, Status
+from kernels.bridge import Registration
+from kernels.kernel import CellResult, Kernel, KernelDied
+from kernels.protocol import FINAL_EXPR, FINAL_KEY, bind_code, parse_final
+
+from . import prompts
+from .context import LoadedContext, describe
+from .errors import KernelError
+from .parsing import code_blocks, prose_final
+from .run_tree import RunTree
+from .subcalls import Subcalls
+
+
+@dataclass
+class Outcome:
+    """How one loop ended.
+
+    Attributes:
+        answer: the answer executed code set (str), or None.
+        status: ``"completed"`` (an answer) or ``"failed"`` (iterations ran out).
+        iterations: turns taken (int). reason: why there is no answer (str).
+    """
+
+    answer: str | None
+    status: str
+    iterations: int
+    reason: str = ""
+
+
+class RLMLoop:
+    """One RLM: a model driving its own kernel that holds ``context``.
+
+    Args:
+        run: the :class:`~rlm.run_tree.RunTree` it belongs to (kept as ``run_tree``).
+        stage_id: the stage its iterations hang under (the ``run`` or a ``child`` stage).
+        level: its depth level (int; root = 0).
+        context: the loaded context; ``query``: the question (str | None).
+        model: the model that drives this loop (str).
+    """
+
+    def __init__(self, run: RunTree, stage_id: str, level: int, context: LoadedContext,
+                 query: str | None, model: str) -> None:
+        self.run_tree, self.stage_id, self.level = run, stage_id, level
+        self.context, self.query, self.model = context, query, model
+        self.subcalls = Subcalls(self)
+        self.kernel: Kernel | None = None
+        self.reg: Registration | None = None
+        self.current_cell: str | None = None
+        self.restarts = 0
+        self.iterations = 0
+        self.last_reply: str | None = None
+        self._kernel_future: Future | None = None
+        self._closed = False
+        run.loops.append(self)
+
+    def partial_answer(self) -> str | None:
+        """The best partial answer after a budget stop: the model's last reply (or None)."""
+        return self.last_reply
+
+    # the loop ------------------------------------------------------------------
+    def run(self) -> Outcome:
+        """Drive this RLM until executed code sets the answer, or the turns run out.
+
+        Returns:
+            the :class:`Outcome` (``failed`` with a reason when no FINAL came).
+        Raises:
+            BudgetExceeded: a cap refused one of this loop's own model calls.
+            EndpointError, KernelError, DivergenceError: unrecoverable failures.
+        """
+        opts = self.run_tree.opts
+        system = prompts.system_prompt(describe(self.context.value),
+                                       can_recurse=opts.budget.subcalls_allowed,
+                                       sub_chars=opts.sub_prompt_chars,
+                                       max_output=opts.max_output_chars,
+                                       template=opts.system_template)
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": prompts.first_user(self.query)}]
+        self._kernel_future = self.run_tree.executor.submit(self._new_kernel)
+        turns = max(1, opts.budget.max_iterations)
+        for i in range(turns + 1):
+            if i == turns:
+                messages.append({"role": "user", "content": prompts.LAST_TURN})
+            answer = self._turn(i, messages)
+            if answer is not None:
+                return Outcome(answer, "completed", self.iterations)
+        return Outcome(None, "failed", self.iterations,
+                       f"no FINAL after {turns} iterations and a last turn")
+
+    def _turn(self, i: int, messages: list[dict]) -> str | None:
+        """One iteration: a model call, then its code blocks; returns the answer or None.
+        Appends the reply and the feedback to ``messages``."""
+        run = self.run_tree
+        with run.stage(self.stage_id, Kind.iteration, self.level, model=self.model) as it:
+            self.iterations += 1
+            reply = run.model_call(it.id, self.level, messages, self.model,
+                                   run.opts.max_completion_tokens).text
+            self.last_reply = reply
+            messages.append({"role": "assistant", "content": reply})
+            blocks = code_blocks(reply)
+            run.progress(f"level {self.level} iteration {i + 1}: {len(blocks)} code block(s)")
+            if not blocks:
+                note = prompts.PROSE_FINAL if prose_final(reply) else prompts.NO_CODE
+                messages.append({"role": "user", "content": note})
+                it.evidence = note
+                return None
+            feedback, answer = self._run_blocks(it.id, blocks)
+            if answer is not None:
+                it.evidence = answer
+                return answer
+            messages.append({"role": "user", "content": "\n\n".join(feedback)})
+            it.evidence = feedback[-1][:2000]
+            return None
+
+    def _run_blocks(self, iteration: str, blocks: list[str]) -> tuple[list[str], str | None]:
+        """Run a reply's blocks in order, each a ``cell`` stage, until one sets the answer.
+
+        Returns:
+            (the feedback text of each block run, the answer or None).
+        """
+        run, opts = self.run_tree, self.run_tree.opts
+        feedback: list[str] = []
+        for j, code in enumerate(blocks):
+            with run.stage(iteration, Kind.cell, self.level) as cell:
+                self.current_cell = cell.id
+                try:
+                    res = self.run_cell(code)
+                finally:
+                    self.current_cell = None
+                out = prompts.truncate(res.output, opts.max_output_chars)
+                cell.evidence = {"code": code, "output": out, "final": res.final,
+                                 "timed_out": res.timed_out, "died": res.died}
+                if res.error:
+                    cell.finish(Status.failed, res.error)
+            if opts.journal is not None:
+                opts.journal.record_cell(run.run_id, cell.id, code,
+                                         {"output": out, "error": res.error, "final": res.final})
+            feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
+                                                  res.died, opts.cell_timeout))
+            if run.fatal is not None:
+                raise run.fatal
+            if res.final is not None:
+                return feedback, res.final
+            left = run.deadline_left()
+            if res.timed_out and left is not None and left <= 0:
+                run.accountant.check_wall()
+        return feedback, None
+
+    # the kernel ------------------------------------------------------------------
+    def _bind(self, kernel: Kernel) -> None:
+        """Register the kernel with the bridge and bind ``context`` and the runtime in it."""
+        run = self.run_tree
+        if self.reg is None:
+            self.reg = run.bridge.register(kernel.pid, self)
+        else:
+            run.bridge.update_pid(self.reg.token, kernel.pid)
+        code = bind_code(run.bridge.path, self.reg.token, self.context.path, self.context.fmt)
+        res, _ = kernel.execute(code, timeout=120)
+        if res.error:
+            raise KernelError(f"could not load the context into the kernel: {res.error}")
+
+    def _new_kernel(self) -> Kernel:
+        k = self.run_tree.acquire_kernel()
+        try:
+            self._bind(k)
+        except BaseException:
+            self.run_tree.pool.release(k)
+            raise
+        return k
+
+    def ensure_kernel(self) -> Kernel:
+        """This loop's kernel, waiting for the one started with the first model call.
+
+        Raises:
+            KernelError: it could not start or be bound.
+        """
+        if self.kernel is None:
+            if self._kernel_future is not None:
+                fut, self._kernel_future = self._kernel_future, None
+                self.kernel = fut.result()
+            else:
+                self.kernel = self._new_kernel()
+        return self.kernel
+
+    def run_cell(self, code: str) -> CellResult:
+        """Run one block, bounded by the cell timeout and the wall cap.
+
+        A dead kernel is restarted (``context`` bound again) and the block reported as
+        ``died``; an error raised after ``FINAL`` in the same block keeps the answer.
+
+        Raises:
+            KernelError: the kernel died more than ``max_kernel_restarts`` times.
+        """
+        kernel = self.ensure_kernel()
+        timeout = self.run_tree.opts.cell_timeout
+        left = self.run_tree.deadline_left()
+        if left is not None:
+            timeout = max(0.05, min(timeout, left)) if timeout else max(0.05, left)
+        try:
+            res, exprs = kernel.execute(code, timeout=timeout,
+                                        user_expressions={FINAL_KEY: FINAL_EXPR})
+        except KernelDied as exc:
+            return self._restart(kernel, exc)
+        res.final = parse_final(exprs)
+        if res.error and res.final is None:
+            try:
+                _, ex2 = kernel.execute("", timeout=10, user_expressions={FINAL_KEY: FINAL_EXPR})
+                res.final = parse_final(ex2)
+            except KernelDied:
+                pass
+        return res
+
+    def _restart(self, kernel: Kernel, exc: KernelDied) -> CellResult:
+        self.restarts += 1
+        self.run_tree.pool.release(kernel)
+        self.kernel = None
+        if self.restarts > self.run_tree.opts.max_kernel_restarts:
+            raise KernelError(f"the kernel died {self.restarts} times (last: {exc}); "
+                              "giving up on this RLM") from None
+        self.run_tree.progress(f"level {self.level}: kernel died ({exc}); restarting it")
+        self.kernel = self._new_kernel()
+        return CellResult(output=str(exc), error="KernelDied", died=True)
+
+    def close(self) -> None:
+        """Give the kernel back (it is shut down, never reused) and drop the context file."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._kernel_future is not None:
+            try:
+                self.kernel = self.kernel or self._kernel_future.result(timeout=30)
+            except Exception:
+                pass
+        if self.reg is not None:
+            self.run_tree.bridge.unregister(self.reg.token)
+        if self.kernel is not None:
+            self.run_tree.pool.release(self.kernel)
+            self.kernel = None
+        self.context.discard()

@@ -1,0 +1,67 @@
+"""The journal as the public API and the CLI open it: by path, by ``$RLM_JOURNAL``, or not at all,
+and the recorded pieces a resume or replay needs (the run record, its context)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.errors import DivergenceError
+
+from .context import LoadedContext, load_context
+from .errors import ConfigError
+
+
+def open_journal(spec: Any = None):
+    """Open the journal ``spec`` names.
+
+    Args:
+        spec: a path (str | Path); ``None``/``True`` for the default (``$RLM_JOURNAL``, else
+            ``~/.local/share/rlm/journal.sqlite3``); ``False`` for no journal.
+    Returns:
+        a :class:`harness.journal.Journal`, or None when ``spec`` is False.
+    Raises:
+        ConfigError: the journal cannot be opened or created (bad path, newer schema, ...).
+    """
+    if spec is False:
+        return None
+    from harness.journal import Journal, JournalError
+    try:
+        return Journal(spec if spec not in (None, True) else None)
+    except JournalError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def find_run(journal, run_id: str) -> dict:
+    """The journal record of ``run_id`` (``Journal.get_run``).
+
+    Raises:
+        ConfigError: no such run in this journal.
+    """
+    rec = journal.get_run(run_id)
+    if rec is None:
+        raise ConfigError(f"no run {run_id!r} in journal {journal.path}; list runs with `rlm runs`")
+    return rec
+
+
+def stored_context(record: dict, context: Any = None, encoding: str | None = None) -> LoadedContext:
+    """Load a recorded run's context again, from ``context`` or from where it was recorded.
+
+    Raises:
+        ConfigError: it was given as a value or on stdin and no ``context`` is passed now.
+        ContextError: it cannot be loaded.
+        DivergenceError: its sha256 differs from the recorded one.
+    """
+    o = record.get("options") or {}
+    if context is None:
+        src = o.get("context_source")
+        if not src:
+            raise ConfigError(f"run {record['run_id']} was given its context as a value or on "
+                              "stdin; pass it again with --context PATH")
+        context = Path(src)
+    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8")
+    want = o.get("context_sha256")
+    if want and ctx.sha256 != want:
+        ctx.discard()
+        raise DivergenceError(f"the context of run {record['run_id']} has changed since it was "
+                              "recorded (sha256 differs); resume/replay need the same context")
+    return ctx
