@@ -1,4 +1,8 @@
-"""The public Python API: :func:`completion`, the :class:`RLM` class and :class:`Result`.
+"""The public Python API, a thin front door: :func:`completion`, :class:`RLM`, :func:`resume`
+and :func:`replay` (results are :class:`~rlm.result.Result`).
+
+Each call checks its options (:mod:`rlm.options`), loads the context, decides what a known run id
+means (:mod:`harness.replay`) and hands the run to :func:`rlm.run_tree.drive`.
 
 >>> import rlm
 >>> res = rlm.completion(Path("essays.txt"), "What is the magic number?",
@@ -8,8 +12,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,11 +19,11 @@ from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run
 
 from .context import load_context
 from .errors import DivergenceError
-from .options import (DEFAULT_EMBEDDED_MODEL, Options, build_options, check_names,
-                      external_endpoint, replay_options, resume_options, validate_options)
-from .options import MAX_DEPTH_LIMIT, stored_options  # noqa: F401  (old home of these names)
+from .options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_endpoint,
+                      validate_options)
 from .records import find_run, open_journal, stored_context
 from .result import Result
+from .run_config import build_options, replay_options, resume_options
 from .run_tree import drive
 
 
@@ -121,6 +123,7 @@ class RLM:
             ctx.discard()
             raise
         return drive(opts, ctx, query, run_id=run_id, recorded=recorded)
+
 
 def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: str | None = None,
            on_progress: Callable[[str], None] | None = None) -> Result:

@@ -1,7 +1,8 @@
 """The ``rlm`` command line.
 
 Answers go to stdout, progress and errors to stderr. Errors are one clear
-message and an exit code, never a traceback (unless ``RLM_DEBUG=1``).
+message and an exit code, never a traceback (unless ``RLM_DEBUG=1``). The flags of the run
+options come from :data:`rlm.options.OPTIONS` (:func:`add_arguments`, :func:`options_from_args`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+from .options import GROUP_TITLES, OPTIONS, REPLAY, RESUME, RUN
 
 EXIT_CODES = """exit codes:
   0    the run completed with an answer
@@ -35,66 +39,61 @@ ENVIRONMENT = """environment:
 """
 
 
-def _add_endpoint(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model endpoint (default: the embedded local model)")
-    g.add_argument("--model", help="root model name (env RLM_MODEL)")
-    g.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
-                   "(env OPENAI_BASE_URL)")
-    g.add_argument("--api-key", help="API key (env OPENAI_API_KEY)")
-    g.add_argument("--sub-model", help="model for llm_query and depth-limit fallbacks "
-                   "(default: --model)")
-    g.add_argument("--child-model", help="model driving child RLMs (default: --model)")
-    g.add_argument("--embedded-model", default=None,
-                   choices=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"],
-                   help="embedded model when no endpoint is set (default qwen2.5-coder-0.5b)")
-    g.add_argument("--max-attempts", type=int, default=None, metavar="N",
-                   help="HTTP attempts per model call, first included, for 429/5xx/timeouts/"
-                   "connection errors (default 6; exponential backoff with jitter)")
-    g.add_argument("--large", action="store_true",
-                   help="use the embedded 1.5B model (same as --embedded-model qwen2.5-coder-1.5b)")
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add the flags of every option ``command`` (``"run"``, ``"resume"``...) takes to ``parser``.
+
+    Options of a group go to an argument group titled from :data:`~rlm.options.GROUP_TITLES`, the others
+    next to the command's own flags, in registry order. Every flag defaults to None ("not
+    given"); the run applies the defaults, so a parsed namespace says what the user typed.
+    """
+    groups: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.flag is None or command not in opt.commands:
+            continue
+        target: Any = parser
+        if opt.group is not None:
+            if opt.group not in groups:
+                groups[opt.group] = parser.add_argument_group(GROUP_TITLES[opt.group])
+            target = groups[opt.group]
+        kw: dict[str, Any] = {"dest": opt.name, "default": None, "help": opt.help}
+        if opt.type in (int, float):
+            kw["type"] = opt.type
+        if opt.choices is not None:
+            kw["choices"] = list(opt.choices)
+        else:
+            kw["metavar"] = opt.metavar
+        target.add_argument(opt.flag, **kw)
+        for sw in opt.switches:
+            if command in sw.commands:
+                target.add_argument(sw.flag, action="store_true", help=sw.help)
 
 
-def _add_limits(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("loop, depth and budget")
-    g.add_argument("--max-iterations", type=int, default=None, metavar="N",
-                   help="turns per RLM loop before a last-turn prompt (default 20; 6 with the "
-                   "embedded model, which repeats itself when stuck)")
-    g.add_argument("--max-depth", type=int, default=None, metavar="N",
-                   help="kernel-bearing levels: 0 no sub-calls, 1 rlm() is a plain completion "
-                   "(default), d>1 children get kernels while level+1 < d")
-    g.add_argument("--cell-timeout", type=float, default=None, metavar="S",
-                   help="seconds per executed code block before the kernel is interrupted (default 60)")
-    g.add_argument("--max-output-chars", type=int, default=None, metavar="N",
-                   help="characters of cell output shown to the model per turn "
-                   "(default 4000; 2000 with the embedded model)")
-    g.add_argument("--max-cost", type=float, default=None, metavar="USD",
-                   help="cost cap for the whole run tree, in USD")
-    g.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="token cap (prompt + completion) for the whole run tree")
-    g.add_argument("--max-calls", type=int, default=None, metavar="N",
-                   help="cap on model calls for the whole run tree")
-    g.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="wall-clock cap for the run, in seconds")
-    g.add_argument("--max-children", type=int, default=None, metavar="N",
-                   help="cap on items one batched call may start")
-    g.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="model calls in flight at once (default 8)")
-    g.add_argument("--pool-size", type=int, default=None, metavar="N",
-                   help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)")
-    g.add_argument("--price-file", metavar="PATH",
-                   help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}')
+def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The keyword options the user gave on the command line of ``command``.
+
+    Returns:
+        {keyword name: value} for every registry flag that was given (a :class:`~rlm.options.Switch` wins
+        over its option's own flag; empty values of ``empty_is_unset`` options are dropped).
+    """
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.flag is None or command not in opt.commands:
+            continue
+        v = getattr(args, opt.name, None)
+        if opt.empty_is_unset and v == "":
+            v = None
+        for sw in opt.switches:
+            if command in sw.commands and getattr(args, sw.dest, False):
+                v = sw.value
+        if v is not None:
+            out[opt.name] = v
+    return out
 
 
 def _add_recorded_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--context", metavar="PATH",
                    help="the context file, if it was given on stdin or has moved")
-    p.add_argument("--encoding", default=None, help="text encoding of the context "
-                   "(default: the one the run was recorded with)")
-
-
-def _add_journal(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--journal", metavar="PATH", help="journal file (env RLM_JOURNAL)")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -121,47 +120,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--context", required=True, metavar="PATH",
                    help="context file: .json is parsed, anything else is text; '-' reads stdin")
     r.add_argument("--query", metavar="TEXT", help="the question (optional: else the task is in the context)")
-    r.add_argument("--encoding", default="utf-8", help="text encoding of the context (default utf-8)")
-    r.add_argument("--run-id", metavar="ID",
-                   help="name the run; an id that finished returns the recorded result, a crashed "
-                   "or failed one is resumed")
-    r.add_argument("--no-journal", action="store_true", help="do not write a journal")
-    _add_endpoint(r)
-    _add_limits(r)
-    _add_journal(r)
+    add_arguments(r, RUN)  # every option flag: see rlm/options.py
     _add_output(r)
 
     rs = sub.add_parser("resume", help="resume a crashed, failed or interrupted run from the journal",
                         formatter_class=fmt, epilog=EXIT_CODES)
     _add_recorded_run(rs)
-    rs.add_argument("--on-divergence", choices=["stop", "live"], default="stop",
-                    help="a recorded call whose request differs: stop with a report (default) or "
-                    "go live from that point")
-    _add_endpoint(rs)
-    _add_journal(rs)
+    add_arguments(rs, RESUME)
     _add_output(rs)
 
     rp = sub.add_parser("replay", help="re-execute a finished run with zero model calls",
                         formatter_class=fmt, epilog=EXIT_CODES)
     _add_recorded_run(rp)
-    _add_journal(rp)
+    add_arguments(rp, REPLAY)
     _add_output(rp)
 
     sh = sub.add_parser("show", help="show a run's stage tree with tokens, cost and time")
     sh.add_argument("run_id", metavar="RUN_ID")
     sh.add_argument("--max-level", type=int, default=None,
                     help="show only stages at this depth level or shallower")
-    _add_journal(sh)
+    add_arguments(sh, "show")
 
     ls = sub.add_parser("runs", help="list runs in the journal (newest first)")
     ls.add_argument("--limit", type=int, default=20)
     ls.add_argument("--json", action="store_true")
-    _add_journal(ls)
+    add_arguments(ls, "runs")
 
     ex = sub.add_parser("export", help="write a run as JSON Lines (one record per stage and event)")
     ex.add_argument("run_id", metavar="RUN_ID")
     ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
-    _add_journal(ex)
+    add_arguments(ex, "export")
     return parser
 
 
@@ -182,30 +170,6 @@ def _setup_logging(args) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _run_options(args) -> dict:
-    o = {
-        "model": args.model, "base_url": args.base_url, "api_key": args.api_key,
-        "sub_model": args.sub_model, "child_model": args.child_model,
-        "embedded_model": "qwen2.5-coder-1.5b" if args.large else args.embedded_model,
-    }
-    for a, k in (("max_iterations", "max_iterations"), ("max_depth", "max_depth"),
-                 ("cell_timeout", "cell_timeout"), ("max_output_chars", "max_output_chars"),
-                 ("max_cost", "max_cost_usd"), ("max_tokens", "max_tokens"),
-                 ("max_calls", "max_calls"), ("timeout", "max_wall_seconds"),
-                 ("max_children", "max_children_per_call"), ("concurrency", "max_concurrency"),
-                 ("pool_size", "pool_size"), ("price_file", "price_file"),
-                 ("max_attempts", "max_attempts")):
-        if getattr(args, a, None) is not None:
-            o[k] = getattr(args, a)
-    return {k: v for k, v in o.items() if v is not None}
-
-
-def _journal_opt(args):
-    if getattr(args, "no_journal", False):
-        return False
-    return args.journal or None
-
-
 def _emit(res, args, summary: bool = True) -> int:
     if args.json:
         print(json.dumps(res.to_dict(), ensure_ascii=False))
@@ -216,7 +180,9 @@ def _emit(res, args, summary: bool = True) -> int:
             u = res.usage
             print(f"[rlm] run {res.run_id}: completed in {res.seconds:.1f} s, {res.iterations} "
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
-                  f"tokens, ${u.get('cost_usd', 0):.4f}", file=sys.stderr)
+                  f"tokens, ${u.get('cost_usd', 0):.4f}"
+                  + (" (estimated: the endpoint reported no usage)" if res.usage_estimated
+                     else ""), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
         print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
@@ -231,13 +197,8 @@ def _emit(res, args, summary: bool = True) -> int:
 
 def _cmd_run(args) -> int:
     from .api import RLM
-    progress = _Progress(args.quiet)
-    o = _run_options(args)
-    o["journal"] = _journal_opt(args)
-    o["encoding"] = args.encoding
-    if args.run_id:
-        o["run_id"] = args.run_id
-    o["on_progress"] = progress
+    o = options_from_args(args, RUN)
+    o["on_progress"] = _Progress(args.quiet)
     context = "-" if args.context == "-" else Path(args.context)
     with RLM(**o) as r:
         res = r.completion(context, args.query)
@@ -246,11 +207,7 @@ def _cmd_run(args) -> int:
 
 def _cmd_resume(args) -> int:
     from .api import resume
-    o = _run_options(args)
-    o["journal"] = args.journal or None
-    o["divergence"] = args.on_divergence
-    if args.encoding:
-        o["encoding"] = args.encoding
+    o = options_from_args(args, RESUME)
     o["on_progress"] = _Progress(args.quiet)
     res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
     return _emit(res, args)
@@ -258,9 +215,8 @@ def _cmd_resume(args) -> int:
 
 def _cmd_replay(args) -> int:
     from .api import replay
-    res = replay(args.run_id, journal=args.journal or None,
-                 context=Path(args.context) if args.context else None,
-                 encoding=args.encoding, on_progress=_Progress(args.quiet))
+    res = replay(args.run_id, context=Path(args.context) if args.context else None,
+                 on_progress=_Progress(args.quiet), **options_from_args(args, REPLAY))
     if not args.quiet and not args.json:
         print(f"[rlm] replay of {args.run_id}: same outcome ({res.status}), "
               f"{res.replayed_calls} model call(s) served from the journal, 0 sent",
@@ -269,8 +225,8 @@ def _cmd_replay(args) -> int:
 
 
 def _journal(args):
-    from .api import _open_journal
-    return _open_journal(args.journal or None)
+    from .records import open_journal
+    return open_journal(args.journal or None)
 
 
 def _cmd_show(args) -> int:

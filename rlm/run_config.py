@@ -1,0 +1,139 @@
+"""A run's configuration in its three forms, converted from one into another by the registry.
+
+* keyword options (what :func:`rlm.completion`, :class:`rlm.RLM` and the CLI pass),
+* the :class:`~rlm.options.Options` a run tree is driven with (:func:`build_options`),
+* the journal record of a run's options (:func:`stored_options`), and back from it to keyword
+  options for ``rlm resume`` (:func:`resume_options`) or to :class:`~rlm.options.Options` for
+  ``rlm replay`` (:func:`replay_options`).
+
+Which option goes where is declared in :data:`rlm.options.OPTIONS` (``stored``,
+``budget_field``, ``embedded_default``...); only the endpoint's options and ``price_file``
+are named here, since they are resolved rather than copied.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from harness.budget import Budget
+from harness.prices import PriceTable
+
+from .errors import ConfigError
+from .options import ENDPOINT, OPTIONS, Option, Options, endpoint_configured
+
+
+def _value(opt: Option, o: Mapping[str, Any], embedded: bool) -> Any:
+    v = o.get(opt.name)
+    if v is None:
+        v = opt.default_for(embedded)
+    if opt.type is int and isinstance(v, float):
+        v = int(v)  # a whole float (validate_options refuses the others)
+    return v
+
+
+def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
+                  journal: Any = None) -> Options:
+    """The :class:`Options` of a run from keyword options and its resolved endpoint.
+
+    Args:
+        o: keyword options (validated by :func:`~rlm.options.validate_options`); absent or None values take
+            their default, or their ``embedded_default`` when no endpoint is configured.
+        endpoint: (base_url, api_key, model) the run talks to (an :class:`~rlm.options.Endpoint`, or the
+            embedded server's). With the embedded model, ``sub_model``/``child_model`` are
+            dropped (it serves every call) and the model is priced as local (free).
+        journal: an open :class:`harness.journal.Journal`, or None.
+    Raises:
+        ConfigError: a budget value :class:`~harness.budget.Budget` refuses, or an unreadable
+            price file.
+    """
+    embedded = not endpoint_configured(o)
+    base_url, api_key, model = endpoint
+    try:
+        budget = Budget(**{opt.budget_field: _value(opt, o, embedded)
+                           for opt in OPTIONS if opt.budget_field})
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
+    prices = PriceTable()
+    if o.get("price_file"):
+        try:
+            prices = PriceTable.from_file(o["price_file"])
+        except Exception as exc:
+            raise ConfigError(str(exc)) from None
+    if embedded:
+        prices.add_local(model)
+    opts = Options(model=model, sub_model=None if embedded else o.get("sub_model"),
+                   child_model=None if embedded else o.get("child_model"),
+                   base_url=base_url, api_key=api_key, budget=budget, prices=prices,
+                   journal=journal, embedded=embedded)
+    for opt in OPTIONS:
+        if opt.to_options:
+            setattr(opts, opt.name, _value(opt, o, embedded))
+    return opts
+
+
+def stored_options(opts: Options, ctx: Any) -> dict:
+    """The JSON-able record of a run's settings that resume and replay re-drive it from.
+
+    Args:
+        opts: the run's :class:`Options`.
+        ctx: its loaded context (``source``, ``fmt``, ``encoding``, ``sha256``).
+    Returns:
+        every ``stored`` option that is an :class:`Options` attribute, ``embedded`` (bool),
+        ``budget`` (:meth:`Budget.to_dict`), and ``context_source`` (absolute path, or None for
+        a value or stdin), ``context_fmt``, ``context_encoding``, ``context_sha256``. Never the
+        API key.
+    """
+    d = {opt.name: getattr(opts, opt.name) for opt in OPTIONS if opt.stored and opt.has_attribute}
+    d["embedded"] = opts.embedded
+    d["budget"] = opts.budget.to_dict()
+    d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
+        "<value>", "<stdin>", "<bytes>") else None
+    d["context_fmt"] = ctx.fmt
+    d["context_encoding"] = getattr(ctx, "encoding", "utf-8")
+    d["context_sha256"] = ctx.sha256
+    return d
+
+
+def _recorded(opt: Option, stored: Mapping[str, Any]) -> Any:
+    if opt.has_attribute:
+        return stored.get(opt.name)
+    return (stored.get("budget") or {}).get(opt.budget_field)
+
+
+def resume_options(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword options that re-create a recorded run for ``rlm resume`` (inverse of
+    :func:`stored_options`).
+
+    Args:
+        record: the journal's run record (its ``options`` key holds :func:`stored_options`).
+    Returns:
+        {keyword name: value} of every ``stored`` option the record holds a value for; endpoint
+        options are left out when the run used the embedded model (its server picks them).
+    """
+    stored = record.get("options") or {}
+    out = {}
+    for opt in OPTIONS:
+        if not opt.stored or (stored.get("embedded") and opt.group == ENDPOINT):
+            continue
+        v = _recorded(opt, stored)
+        if v is not None:
+            out[opt.name] = v
+    return out
+
+
+def replay_options(record: Mapping[str, Any], journal: Any = None) -> Options:
+    """The :class:`Options` that replay a recorded run (every model call served from the journal).
+
+    Unlike :func:`resume_options` it keeps the recorded endpoint and model names as they were
+    (requests must hash the same) and builds no endpoint, prices or defaults of its own.
+
+    Args:
+        record: the journal's run record.
+        journal: the :class:`harness.journal.Journal` to write to, or None (replay writes nothing).
+    """
+    stored = record.get("options") or {}
+    opts = Options(budget=Budget.from_dict(stored.get("budget") or {}), journal=journal)
+    for opt in OPTIONS:
+        if opt.stored and opt.has_attribute and opt.name in stored:
+            setattr(opts, opt.name, stored[opt.name])
+    return opts

@@ -1,0 +1,361 @@
+"""The option registry (rlm/options.py): one declaration per option, everything else derived.
+
+Checks that the README's option tables, argparse, validation, the run's Options and the journal
+record all agree with :data:`rlm.options.OPTIONS`. No kernels, no model: pure bookkeeping.
+
+``python tests/test_options.py`` prints the README's option tables from the registry (the rows
+of ``--context``, ``--query``, ``--json`` and ``-v``/``-q`` are the README's own).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness.budget import Budget
+from rlm import options as reg
+from rlm.cli import build_parser, options_from_args
+from rlm.errors import ConfigError
+from rlm.options import OPTIONS, Endpoint, Option, Options, validate_options
+from rlm.run_config import build_options, replay_options, resume_options, stored_options
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+#: README rows of flags that are not keyword options (the CLI defines them itself).
+CLI_ONLY_ROWS = {"--context", "--query", "--json", "-v"}
+ENDPOINT = Endpoint("http://127.0.0.1:9/v1", "k", "m")
+
+
+@pytest.fixture(autouse=True)
+def _no_endpoint_env(monkeypatch):
+    for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "RLM_MODEL"):
+        monkeypatch.delenv(k, raising=False)
+
+
+# -- the README tables, generated from the registry -----------------------------------------
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, str):
+        return f"`{v}`"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def doc_default(opt: Option) -> str:
+    """The default as the README states it (str), e.g. ``20 (6 embedded)``."""
+    if opt.doc_default is not None:
+        return opt.doc_default
+    text = _shown(opt.default)
+    if opt.embedded_default is not None:
+        text += f" ({_shown(opt.embedded_default)} embedded)"
+    return text
+
+
+def markdown_row(opt: Option) -> str:
+    """The option's row in the README: ``| flag | API option | default | meaning |`` for an
+    ``rlm run`` flag, else ``| API option | default | meaning |``."""
+    if opt.flag and reg.RUN in opt.commands:
+        flags = [f"`{opt.flag} {opt.metavar or opt.name.upper()}`"]
+        flags += [f"`{sw.flag}`" for sw in opt.switches if reg.RUN in sw.commands]
+        return f"| {' / '.join(flags)} | `{opt.name}` | {doc_default(opt)} | {opt.doc} |"
+    return f"| `{opt.name}` | {doc_default(opt)} | {opt.doc} |"
+
+
+def markdown_tables() -> str:
+    """The README's two option tables (``rlm run`` flags; Python-only keywords), registry rows
+    only: the README adds the rows of ``--context``, ``--query``, ``--json`` and ``-v``/``-q``."""
+    run = [o for o in OPTIONS if o.flag and reg.RUN in o.commands]
+    api = [o for o in OPTIONS if not (o.flag and reg.RUN in o.commands)]
+    return "\n".join(["| flag | API option | default | meaning |", "|---|---|---|---|",
+                      *map(markdown_row, run), "",
+                      "| API option | default | meaning |", "|---|---|---|",
+                      *map(markdown_row, api)]) + "\n"
+
+
+def _readme_tables() -> list[list[str]]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    tables, cur = [], []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            cur.append(line.strip())
+        elif cur:
+            tables.append(cur)
+            cur = []
+    if cur:
+        tables.append(cur)
+    return tables
+
+
+def _run_opts():
+    return [o for o in OPTIONS if o.flag and reg.RUN in o.commands]
+
+
+def test_readme_option_tables_match_the_registry():
+    hint = "print the rows with: python tests/test_options.py"
+    flags, api = [t for t in _readme_tables() if t[0].startswith(("| flag |", "| API option |"))]
+    by_flag = {}
+    for row in flags[2:]:
+        first = re.match(r"\| `(-[-\w]+)", row)
+        assert first, row
+        by_flag[first.group(1)] = row
+    expected = {o.flag: markdown_row(o) for o in _run_opts()}
+    for flag, row in expected.items():
+        assert by_flag.get(flag) == row, f"README row of {flag} differs from the registry; {hint}"
+    assert set(by_flag) - set(expected) == CLI_ONLY_ROWS
+    order = [f for f in by_flag if f in expected]
+    assert order == list(expected), f"README rows are not in registry order; {hint}"
+    want_api = [markdown_row(o) for o in OPTIONS if o not in _run_opts()]
+    assert api[2:] == want_api, hint
+
+
+def test_names_are_unique_and_flags_are_unique():
+    assert len(reg.OPTION_NAMES) == len(OPTIONS)
+    flags = [o.flag for o in OPTIONS if o.flag] + [s.flag for o in OPTIONS for s in o.switches]
+    assert len(flags) == len(set(flags))
+    for o in OPTIONS:
+        assert o.group in (None, *reg.GROUP_TITLES)
+        assert o.doc, o.name
+        assert not o.flag or o.help, o.name
+        assert o.budget_field is None or o.budget_field in {f.name for f in fields(Budget)}
+        assert (o.min is None) == (o.max is None), o.name
+        assert (o.min is not None) <= (o.type in (int, float)), o.name
+
+
+def test_registry_defaults_are_the_dataclass_defaults():
+    opts, budget = Options(), Budget()
+    for o in OPTIONS:
+        if o.to_options:
+            assert getattr(opts, o.name) == o.default, o.name
+        if o.budget_field:
+            assert getattr(budget, o.budget_field) == o.default, o.name
+
+
+def test_embedded_model_names_are_the_embedded_registry():
+    from rlm import embedded
+    assert set(embedded.MODELS) == set(reg.EMBEDDED_MODELS)
+    assert embedded.DEFAULT_MODEL == reg.DEFAULT_EMBEDDED_MODEL
+
+
+def test_unknown_names_are_refused():
+    reg.check_names(reg.OPTION_NAMES)
+    with pytest.raises(ConfigError, match=r"^unknown option\(s\): bogus, zz$"):
+        reg.check_names(["zz", "model", "bogus"])
+
+
+# -- argparse --------------------------------------------------------------------------------
+
+def _sample(o) -> str:
+    if o.choices:
+        return str(o.choices[-1])
+    if o.type is int:
+        return str(int(o.min or 0) + 1)
+    if o.type is float:
+        return "2.5"
+    return "http://h/v1" if o.name == "base_url" else f"v-{o.name}"
+
+
+def _argv(command: str) -> list[str]:
+    return {"run": ["run", "--context", "c.txt"], "resume": ["resume", "R"],
+            "replay": ["replay", "R"], "show": ["show", "R"], "runs": ["runs"],
+            "export": ["export", "R"]}[command]
+
+
+def test_argparse_accepts_every_flag_of_every_command():
+    parser = build_parser()
+    commands = {c for o in OPTIONS for c in o.commands}
+    assert commands == {"run", "resume", "replay", "show", "runs", "export"}
+    for command in commands:
+        takes = [o for o in OPTIONS if o.flag and command in o.commands]
+        argv = _argv(command)
+        for o in takes:
+            argv += [o.flag, _sample(o)]
+        args = parser.parse_args(argv)
+        got = options_from_args(args, command)
+        want = {o.name: (o.type(_sample(o)) if o.type in (int, float) else _sample(o))
+                for o in takes}
+        assert got == want, command
+        # nothing given: nothing passed on, so the run's defaults apply
+        assert options_from_args(parser.parse_args(_argv(command)), command) == {}
+
+
+def test_switches_win_over_their_option_flag():
+    parser = build_parser()
+    args = parser.parse_args(["run", "--context", "c", "--embedded-model", "smollm2-135m",
+                              "--large", "--journal", "j.db", "--no-journal"])
+    got = options_from_args(args, "run")
+    assert got == {"embedded_model": reg.LARGE_EMBEDDED_MODEL, "journal": False}
+    assert options_from_args(parser.parse_args(["resume", "R", "--large"]), "resume") == {
+        "embedded_model": reg.LARGE_EMBEDDED_MODEL}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["resume", "R", "--no-journal"])
+
+
+def test_empty_values_of_plumbing_flags_are_not_given_but_an_empty_url_is():
+    parser = build_parser()
+    args = parser.parse_args(["run", "--context", "c", "--run-id", "", "--journal", "",
+                              "--encoding", "", "--base-url", ""])
+    assert options_from_args(args, "run") == {"base_url": ""}
+    with pytest.raises(ConfigError, match="--base-url must be an http"):
+        validate_options(options_from_args(args, "run"))
+
+
+def test_limits_are_run_only():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["resume", "R", "--max-depth", "2"])
+
+
+# -- validation ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if o.min is not None], ids=lambda o: o.name)
+def test_every_range_error_names_its_flag(opt):
+    label = opt.flag if opt.flag and "run" in opt.commands else opt.name
+    assert opt.label == label
+    low = opt.min if opt.min_exclusive else opt.min - 1
+    for bad in (low, opt.max * 2 + 1):
+        with pytest.raises(ConfigError) as err:
+            validate_options({opt.name: bad})
+        assert str(err.value).startswith(f"{label} must be "), str(err.value)
+        assert f"<= {opt.max:g}, got {bad!r}" in str(err.value)
+    for bad in ("x", float("nan"), True):
+        with pytest.raises(ConfigError, match=f"^{re.escape(label)} must be a finite number"):
+            validate_options({opt.name: bad})
+    if opt.type is int:
+        with pytest.raises(ConfigError, match=f"^{re.escape(label)} must be a whole number"):
+            validate_options({opt.name: opt.min + 1.5})
+    validate_options({opt.name: opt.max})
+    validate_options({opt.name: None})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_depth": 9}, "--max-depth must be >= 0 and <= 8, got 9"),
+    ({"cell_timeout": 0}, "--cell-timeout must be > 0 and <= 86400, got 0"),
+    ({"max_tokens": 0}, "--max-tokens must be >= 1 and <= 1e+15, got 0"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1 and <= 1e+06, got 0"),
+    ({"base_url": "ftp://x"}, "--base-url must be an http:// or https:// URL, got 'ftp://x'"),
+    ({"run_id": "  "}, "--run-id must not be empty"),
+    ({"divergence": "maybe"}, "divergence must be 'stop' or 'live'"),
+    ({"model": "m"}, "--model 'm' needs an endpoint: pass --base-url (or set OPENAI_BASE_URL / "
+                     "OPENAI_API_KEY); without one the embedded model is used, chosen with "
+                     "--embedded-model"),
+])
+def test_validation_messages(options, message):
+    with pytest.raises(ConfigError) as err:
+        validate_options(options)
+    assert str(err.value) == message
+    assert reg.MAX_DEPTH_LIMIT == 8
+
+
+def test_endpoint_is_configured_by_options_or_environment(monkeypatch):
+    assert not reg.endpoint_configured({})
+    assert reg.external_endpoint({}) is None
+    assert reg.endpoint_configured({"base_url": "http://h/v1"})
+    assert reg.external_endpoint({"api_key": "k", "model": "m"}) == Endpoint(
+        "https://api.openai.com/v1", "k", "m")
+    with pytest.raises(ConfigError, match="no model name"):
+        reg.external_endpoint({"base_url": "http://h/v1"})
+    monkeypatch.setenv("OPENAI_API_KEY", "envk")
+    monkeypatch.setenv("RLM_MODEL", "envm")
+    assert reg.endpoint_configured({})
+    validate_options({"model": "m"})
+    assert reg.external_endpoint({}) == Endpoint("https://api.openai.com/v1", "envk", "envm")
+
+
+# -- the run's Options -----------------------------------------------------------------------
+
+def test_build_options_defaults_and_embedded_defaults():
+    ext = build_options({"base_url": "http://h/v1", "model": "m", "sub_model": "s"}, ENDPOINT)
+    emb = build_options({"sub_model": "s"}, ("http://127.0.0.1:1/v1", "x", "local"))
+    assert not ext.embedded and emb.embedded
+    assert ext.sub_model == "s" and emb.sub_model is None and emb.model == "local"
+    for o in OPTIONS:
+        if o.to_options:
+            assert getattr(ext, o.name) == o.default, o.name
+            assert getattr(emb, o.name) == o.default_for(True), o.name
+        if o.budget_field:
+            assert getattr(ext.budget, o.budget_field) == o.default, o.name
+            assert getattr(emb.budget, o.budget_field) == o.default_for(True), o.name
+    assert emb.prices.is_local("local") and not ext.prices.is_local("m")
+    whole = build_options({"base_url": "http://h/v1", "max_depth": 2.0, "pool_size": 3.0}, ENDPOINT)
+    assert whole.budget.max_depth == 2 and type(whole.budget.max_depth) is int
+    assert type(whole.pool_size) is int
+
+
+def _given(o):
+    """A valid non-default value for option ``o``."""
+    if o.choices:
+        return [c for c in o.choices if c != o.default][0]
+    if o.type is int:
+        return int(o.min or 0) + 2
+    if o.type is float:
+        return 0.5 if o.name == "temperature" else 3.5
+    return {"base_url": "http://h/v1", "system_template": "T {meta}"}.get(o.name, f"v-{o.name}")
+
+
+def _record(opts: Options) -> dict:
+    ctx = SimpleNamespace(source="/tmp/c.txt", fmt="text", encoding="utf-8", sha256="abc")
+    return {"run_id": "R", "options": json.loads(json.dumps(stored_options(opts, ctx)))}
+
+
+def test_every_stored_option_round_trips_through_the_journal_record():
+    given = {o.name: _given(o) for o in OPTIONS if o.stored}
+    kw = {**given, "api_key": "secret-key"}
+    opts = build_options(kw, reg.external_endpoint(kw))
+    rec = _record(opts)
+    assert "secret-key" not in json.dumps(rec)
+    back = resume_options(rec)
+    assert back == given
+    validate_options(back)
+    again = build_options(back, reg.external_endpoint(back))
+    replayed = replay_options(rec)
+    for o in OPTIONS:
+        if o.stored and o.name in {f.name for f in fields(Options)}:
+            assert getattr(again, o.name) == getattr(opts, o.name), o.name
+            assert getattr(replayed, o.name) == getattr(opts, o.name), o.name
+    assert again.budget == opts.budget == replayed.budget
+    assert _record(again)["options"] == rec["options"]
+
+
+def test_options_not_stored_stay_out_of_the_record(tmp_path):
+    given = {o.name: _given(o) for o in OPTIONS if not o.stored and o.name != "journal"}
+    given["price_file"] = str(tmp_path / "prices.json")
+    Path(given["price_file"]).write_text('{"m": {"input": 1, "output": 2}}')
+    opts = build_options(given, ENDPOINT)
+    for o in OPTIONS:
+        if o.to_options and o.name in given:  # every given value reaches the run
+            assert getattr(opts, o.name) == given[o.name], o.name
+    rec = _record(opts)
+    for name in given:
+        assert name not in rec["options"], name
+    assert resume_options(rec).keys() <= {o.name for o in OPTIONS if o.stored}
+
+
+def test_a_run_on_the_embedded_model_resumes_without_its_endpoint_options():
+    opts = build_options({"max_depth": 2}, ("http://127.0.0.1:1/v1", "x", "local"))
+    rec = _record(opts)
+    back = resume_options(rec)
+    assert back["max_depth"] == 2 and back["max_iterations"] == 6
+    assert not {o.name for o in OPTIONS if o.group == reg.ENDPOINT} & set(back)
+    assert replay_options(rec).model == "local"  # replay keeps the names the requests hashed
+
+
+def test_cli_help_lists_every_flag():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command, p in sub.choices.items():
+        text = p.format_help()
+        for o in OPTIONS:
+            if o.flag and command in o.commands:
+                assert o.flag in text, (command, o.flag)
+            for s in o.switches:
+                assert (s.flag in text) == (command in s.commands), (command, s.flag)
+
+
+if __name__ == "__main__":
+    print(markdown_tables(), end="")
