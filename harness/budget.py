@@ -18,6 +18,23 @@ the cap), the accountant charges what was reported (spend must be true), logs a 
 records the event in :meth:`Accountant.overruns`; the caps then hold only up to that misreport.
 Callers should count prompt tokens generously (include the chat template overhead).
 
+**Calibrated reservations** (``Accountant(..., calibrate=True)``, what a run uses) close that
+gap. The accountant learns, per model, the worst ratio seen of what the provider reported to
+what was estimated: prompt tokens over the counted prompt, completion tokens over the output cap
+(when a provider runs past it), charged cost over the price table's cost of the reported tokens.
+Every reservation is the estimate times the worst ratio seen plus :data:`RATIO_MARGIN` (never
+below the estimate itself); before a model's first settled call it uses the conservative priors
+:data:`PRIOR_PROMPT_RATIO` and :data:`PRIOR_COST_RATIO`. A call is admitted only if that worst
+case fits under every cap beside the settled spend and the other outstanding reservations, so the
+provider-reported spend stays within the caps as long as no call exceeds the worst ratio seen so
+far (plus the margin, or the priors before the first settlement); when a call does, it is charged
+in full, noted in :meth:`Accountant.overruns`, and every later reservation uses the new ratio.
+Without reported usage, the spend is the local estimate, which never exceeds its reservation.
+
+**Across attempts** (:meth:`Accountant.carry_over`): a resumed run starts from the spend its
+journal recorded: settled calls at their usage, a call that was sent but has no recorded
+settlement (the process died with it in flight) at its reservation.
+
 Costs are kept internally as integer pico-USD (1e-12 USD), so sums are exact and order
 independent: no floating-point drift can admit a call past a cost cap. Prices are rounded to
 1e-12 USD per token (i.e. to 1e-6 USD per million tokens).
@@ -40,12 +57,22 @@ from typing import Any, Callable, Iterable, Mapping
 from harness.errors import BudgetExceeded, HarnessError
 from harness.prices import PriceTable, UnknownPrice
 
-__all__ = ["Budget", "Accountant", "Reservation", "ReservationError", "PUSD_PER_USD"]
+__all__ = ["Budget", "Accountant", "Reservation", "ReservationError", "PUSD_PER_USD",
+           "ConcurrencyGate", "Permit", "RATIO_MARGIN", "PRIOR_PROMPT_RATIO", "PRIOR_COST_RATIO"]
 
 log = logging.getLogger(__name__)
 
 #: pico-USD per USD: the accountant's internal cost unit is 1e-12 USD.
 PUSD_PER_USD = 10 ** 12
+
+#: Calibrated reservations: added (as a fraction) to the worst reported/estimated ratio seen.
+RATIO_MARGIN = 0.10
+#: Calibrated reservations before a model's first settled call (a run sends that call alone,
+#: see ``Accountant.calibrated``): the provider may count up to this many times the local
+#: prompt-token estimate...
+PRIOR_PROMPT_RATIO = 1.1
+#: ... and charge up to this many times the price table's cost.
+PRIOR_COST_RATIO = 1.1
 
 
 def _usd_to_pusd_floor(usd: float) -> int:
@@ -153,17 +180,24 @@ class Reservation:
     """
 
     __slots__ = ("id", "model", "stage_id", "prompt_tokens", "max_output_tokens", "tokens",
+                 "reserved_prompt_tokens", "reserved_output_tokens",
                  "cost_pusd", "state", "charged_usd", "_owner", "_pin", "_pout")
 
     def __init__(self, id: int, model: str, stage_id: str | None, prompt_tokens: int,
                  max_output_tokens: int, cost_pusd: int, owner: "Accountant",
-                 pin: int | None, pout: int | None) -> None:
+                 pin: int | None, pout: int | None, reserved_prompt_tokens: int | None = None,
+                 reserved_output_tokens: int | None = None) -> None:
         self.id = id
         self.model = model
         self.stage_id = stage_id
         self.prompt_tokens = prompt_tokens
         self.max_output_tokens = max_output_tokens
-        self.tokens = prompt_tokens + max_output_tokens
+        # what is held: the estimate itself, or its calibrated upper bound
+        self.reserved_prompt_tokens = (prompt_tokens if reserved_prompt_tokens is None
+                                       else reserved_prompt_tokens)
+        self.reserved_output_tokens = (max_output_tokens if reserved_output_tokens is None
+                                       else reserved_output_tokens)
+        self.tokens = self.reserved_prompt_tokens + self.reserved_output_tokens
         self.cost_pusd = cost_pusd
         self.state = "outstanding"
         self.charged_usd: float | None = None
@@ -180,12 +214,84 @@ class Reservation:
         """JSON-able summary."""
         return {"id": self.id, "model": self.model, "stage_id": self.stage_id,
                 "prompt_tokens": self.prompt_tokens, "max_output_tokens": self.max_output_tokens,
+                "reserved_prompt_tokens": self.reserved_prompt_tokens,
+                "reserved_output_tokens": self.reserved_output_tokens,
                 "tokens": self.tokens, "cost_usd": self.cost_usd, "state": self.state,
                 "charged_usd": self.charged_usd}
 
     def __repr__(self) -> str:
         return (f"Reservation(id={self.id}, model={self.model!r}, stage_id={self.stage_id!r}, "
                 f"tokens={self.tokens}, cost_usd={self.cost_usd:.6g}, state={self.state!r})")
+
+
+class Permit:
+    """One model call's place in a :class:`ConcurrencyGate`; :meth:`release` is idempotent, so
+    whoever abandons the call (a cell's interrupt) may free the place before the call ends."""
+
+    __slots__ = ("_gate", "_held")
+
+    def __init__(self, gate: "ConcurrencyGate") -> None:
+        self._gate = gate
+        self._held = True
+
+    def release(self) -> None:
+        """Give the place back (once; later calls do nothing)."""
+        self._gate._release(self)
+
+
+class ConcurrencyGate:
+    """At most ``n`` model calls in flight at once.
+
+    :meth:`acquire` waits for a place, but never past a deadline and never once its ``cancel``
+    (anything with ``is_set()``) is set. Also usable as ``with gate:`` (waits without bound).
+
+    Args:
+        n: places (int >= 1).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = max(1, int(n))
+        self._cv = threading.Condition()
+        self._used = 0
+        self._local = threading.local()
+
+    def acquire(self, cancel: Any = None, deadline: float | None = None) -> Permit | None:
+        """A :class:`Permit`, or None if ``cancel`` was set or the ``time.monotonic()``
+        ``deadline`` passed first."""
+        with self._cv:
+            while self._used >= self.n:
+                if cancel is not None and cancel.is_set():
+                    return None
+                wait = 0.05 if cancel is not None else None
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cv.wait(wait)
+            self._used += 1
+            return Permit(self)
+
+    def _release(self, permit: Permit) -> None:
+        with self._cv:
+            if permit._held:
+                permit._held = False
+                self._used -= 1
+                self._cv.notify()
+
+    def in_flight(self) -> int:
+        """Places taken now (int)."""
+        with self._cv:
+            return self._used
+
+    def __enter__(self) -> "ConcurrencyGate":
+        permit = self.acquire()
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(permit)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._local.stack.pop().release()
 
 
 class Accountant:
@@ -197,15 +303,23 @@ class Accountant:
             ``None``.
         clock: monotonic clock in seconds (float) for the wall cap; ``time.monotonic`` by
             default. Time zero is construction, or the last :meth:`start`.
+        calibrate: reserve calibrated upper bounds instead of the bare estimates (see the
+            module docstring); ``margin``: the fraction added to the worst ratio seen.
 
     Attributes:
-        concurrency: a ``threading.BoundedSemaphore(budget.max_concurrency)``; hold it
-            (``with acct.concurrency:``) around each model call in flight.
+        concurrency: a :class:`ConcurrencyGate` of ``budget.max_concurrency`` places; hold one
+            (``gate.acquire()``, or ``with acct.concurrency:``) around each model call in flight.
     """
 
     def __init__(self, budget: Budget, prices: PriceTable | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, calibrate: bool = False,
+                 margin: float = RATIO_MARGIN) -> None:
         self.budget = budget
+        self._calibrate = calibrate
+        self._margin = float(margin)
+        # per model: worst reported/estimated ratio seen, per "prompt", "output", "cost"
+        self._ratios: dict[str, dict[str, float]] = {}
+        self._carried: dict | None = None
         self.prices = prices if prices is not None else PriceTable()
         self._clock = clock
         self._lock = threading.Lock()
@@ -230,7 +344,7 @@ class Accountant:
         self._refusals: dict[str, int] = {}
         self._overruns: list[dict] = []
         self._unpriced: set[str] = set()
-        self.concurrency = threading.BoundedSemaphore(budget.max_concurrency)
+        self.concurrency = ConcurrencyGate(budget.max_concurrency)
 
     # ------------------------------------------------------------------ setup / wall clock
 
@@ -283,7 +397,9 @@ class Accountant:
             max_output_tokens: the call's output cap (int >= 0) as sent to the provider.
             stage_id: the stage making the call (str | None), for reports.
 
-        Reserves 1 call, ``prompt_tokens + max_output_tokens`` tokens and their price in USD.
+        Reserves 1 call, ``prompt_tokens + max_output_tokens`` tokens and their price in USD;
+        with ``calibrate`` each part times the model's worst ratio seen plus the margin (the
+        priors before its first settlement), never less than the estimate.
 
         Returns:
             A :class:`Reservation` to :meth:`settle` or :meth:`release` exactly once.
@@ -303,13 +419,15 @@ class Accountant:
             if self._cap_pusd is not None:
                 raise UnknownPrice([model])
             pin = pout = None
-            cost = 0
         else:
             pin = round(price.usd_per_mtok_input * 1_000_000)
             pout = round(price.usd_per_mtok_output * 1_000_000)
-            cost = pin * prompt_tokens + pout * max_output_tokens
-        tokens = prompt_tokens + max_output_tokens
         with self._lock:
+            rp, ro, cost_factor = self._bounds(model, prompt_tokens, max_output_tokens)
+            cost = 0 if pin is None else pin * rp + pout * ro
+            if cost_factor != 1.0:
+                cost = math.ceil(cost * cost_factor)
+            tokens = rp + ro
             if self._cap_calls is not None:
                 used = self._calls + self._o_calls
                 if used + 1 > self._cap_calls:
@@ -332,7 +450,7 @@ class Accountant:
                     self._refusals["wall"] = self._refusals.get("wall", 0) + 1
                     raise BudgetExceeded("wall", self._cap_wall, el, 0.0)
             r = Reservation(next(self._ids), model, stage_id, prompt_tokens, max_output_tokens,
-                            cost, self, pin, pout)
+                            cost, self, pin, pout, rp, ro)
             self._o_calls += 1
             self._o_tokens += tokens
             self._o_pusd += cost
@@ -340,6 +458,115 @@ class Accountant:
             if pin is None:
                 self._unpriced.add(model)
             return r
+
+    def _bounds(self, model: str, prompt_tokens: int,
+                max_output_tokens: int) -> tuple[int, int, float]:
+        """(reserved prompt tokens, reserved output tokens, cost factor) for one call. Lock held."""
+        if not self._calibrate:
+            return prompt_tokens, max_output_tokens, 1.0
+        seen = self._ratios.get(model)
+        grow = 1.0 + self._margin
+        if seen is None:
+            fp, fo, fc = PRIOR_PROMPT_RATIO, 1.0, PRIOR_COST_RATIO
+        else:
+            fp = max(1.0, seen.get("prompt", PRIOR_PROMPT_RATIO / grow) * grow)
+            fo = seen.get("output", 1.0)
+            fo = fo * grow if fo > 1.0 else 1.0
+            fc = seen.get("cost", PRIOR_COST_RATIO / grow)
+            fc = fc * grow if fc > 1.0 else 1.0  # a margin only over a provider's own markup
+        return (math.ceil(prompt_tokens * fp), math.ceil(max_output_tokens * fo), fc)
+
+    def _observe(self, model: str, est_prompt: int, max_output: int, prompt_tokens: int,
+                 completion_tokens: int, charged_pusd: int, pin: int | None,
+                 pout: int | None, reported_cost: bool = True) -> None:
+        """Learn the worst reported/estimated ratios of ``model`` from one settled call.
+        Lock held."""
+        seen = self._ratios.setdefault(model, {})
+
+        def worse(key: str, value: float) -> None:
+            if value > seen.get(key, 0.0):
+                seen[key] = value
+        if est_prompt > 0:
+            worse("prompt", prompt_tokens / est_prompt)
+        if max_output > 0:
+            worse("output", completion_tokens / max_output)
+        if reported_cost and pin is not None and pout is not None:
+            table = pin * prompt_tokens + pout * completion_tokens
+            if table > 0:
+                worse("cost", charged_pusd / table)
+        seen.setdefault("cost", 1.0)  # charged from the table: no markup
+
+    def calibrated(self, model: str) -> bool:
+        """True once a call of ``model`` settled (here, or in a carried-over attempt): its
+        reservations use learned ratios, not the priors. Until then a run sends its calls of
+        that model one at a time, so at most one call rests on the priors."""
+        with self._lock:
+            return model in self._ratios
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        """Per model, the worst reported/estimated ratio seen so far: ``{"prompt", "output",
+        "cost"}`` (floats; a key is missing until a call measured it)."""
+        with self._lock:
+            return {m: dict(r) for m, r in self._ratios.items()}
+
+    def carry_over(self, records: Iterable[Mapping[str, Any]]) -> dict:
+        """Start from the spend recorded by earlier attempts of the same run (a resume).
+
+        Args:
+            records: one mapping per reservation an earlier attempt made (the journal's
+                ``spend``): ``model``, ``state`` (``"settled"``, ``"released"`` or
+                ``"open"``: sent, no settlement recorded), ``reserved`` and ``settled``
+                (``{"calls", "prompt_tokens", "completion_tokens", "cost_usd"}``), ``estimate``
+                (``{"prompt_tokens", "max_output_tokens"}``).
+
+        A settled call counts at its settled usage (and its ratios are learned); an open one at
+        its reservation; a released one not at all. Call before any reservation.
+
+        Returns:
+            what was carried over: ``{"calls", "prompt_tokens", "completion_tokens",
+            "cost_usd", "open"}`` (``open``: calls counted at their reservation).
+        """
+        carried = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "pusd": 0, "open": 0}
+        with self._lock:
+            for rec in records:
+                state = rec.get("state")
+                if state == "settled":
+                    use = rec.get("settled") or {}
+                elif state == "open":
+                    use = rec.get("reserved") or {}
+                    carried["open"] += 1
+                else:
+                    continue
+                pt = int(use.get("prompt_tokens") or 0)
+                ct = int(use.get("completion_tokens") or 0)
+                pusd = round(float(use.get("cost_usd") or 0.0) * PUSD_PER_USD)
+                carried["calls"] += int(use.get("calls", 1) or 0)
+                carried["prompt_tokens"] += pt
+                carried["completion_tokens"] += ct
+                carried["pusd"] += pusd
+                if state == "settled" and self._calibrate:
+                    est = rec.get("estimate") or {}
+                    price = self.prices.lookup(str(rec.get("model") or ""))
+                    pin = pout = None
+                    if price is not None:
+                        pin = round(price.usd_per_mtok_input * 1_000_000)
+                        pout = round(price.usd_per_mtok_output * 1_000_000)
+                    self._observe(str(rec.get("model") or ""), int(est.get("prompt_tokens") or 0),
+                                  int(est.get("max_output_tokens") or 0), pt, ct, pusd, pin, pout)
+            self._calls += carried["calls"]
+            self._prompt += carried["prompt_tokens"]
+            self._completion += carried["completion_tokens"]
+            self._pusd += carried["pusd"]
+            out = {"calls": carried["calls"], "prompt_tokens": carried["prompt_tokens"],
+                   "completion_tokens": carried["completion_tokens"],
+                   "cost_usd": carried["pusd"] / PUSD_PER_USD, "open": carried["open"]}
+            self._carried = out
+            return dict(out)
+
+    def carried(self) -> dict | None:
+        """What :meth:`carry_over` counted (None for a first attempt)."""
+        with self._lock:
+            return None if self._carried is None else dict(self._carried)
 
     def _take(self, r: Reservation, action: str) -> None:
         """Drop an outstanding reservation's hold. Lock held."""
@@ -390,6 +617,11 @@ class Accountant:
             self._completion += completion_tokens
             self._calls += 1
             self._pusd += charged
+            if self._calibrate:
+                self._observe(reservation.model, reservation.prompt_tokens,
+                              reservation.max_output_tokens, prompt_tokens, completion_tokens,
+                              charged, reservation._pin, reservation._pout,
+                              reported_cost_usd is not None)
             usd = charged / PUSD_PER_USD
             reservation.charged_usd = usd
             cost_over = charged > reservation.cost_pusd and (

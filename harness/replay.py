@@ -9,7 +9,10 @@ sent, not paid again. What happens otherwise depends on the mode:
   :class:`~harness.errors.DivergenceError` (nothing served for it), ``"live"`` records the
   divergence and sends this and every later call live.
 * **replay** (``strict=True``): every call must be in the journal with the same request; anything
-  else is a divergence (a finished run re-executes with zero model calls).
+  else is a divergence (a finished run re-executes with zero model calls). A call the recorded
+  run *refused* (its stage ended ``budget_exceeded`` with the refusal in ``meta.refused``) is
+  refused again with the same :class:`~harness.errors.BudgetExceeded`, so a budget-stopped run
+  replays to the same end.
 
 The stored request is hashed again on lookup, so a journal edited after the fact is caught too.
 
@@ -21,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from harness.errors import DivergenceError, RunActiveError, RunMismatchError
+from harness.errors import BudgetExceeded, DivergenceError, RunActiveError, RunMismatchError
 from harness.journal import request_hash
 
 __all__ = ["Replay", "RECORDED_STATES", "REPLAYABLE_STATES", "POLICIES", "check_same_run",
@@ -62,6 +65,7 @@ class Replay:
         self.live_from: str | None = None
         self.divergences: list[dict] = []
         self._lock = threading.Lock()
+        self._refusals: dict[str, dict] | None = None
 
     def lookup(self, call_id: str, req_hash: str) -> dict | None:
         """The recorded call to serve for ``call_id`` whose request hashes to ``req_hash``.
@@ -70,6 +74,7 @@ class Replay:
             the journal's record (``response``, ``usage``, ... see
             ``Journal.lookup_model_call``), or ``None``: send this call live.
         Raises:
+            BudgetExceeded: strict, and the recorded run refused this call (it does again).
             DivergenceError: strict and the call is not recorded; or the recorded request
                 differs and the policy is ``"stop"`` (or strict).
         """
@@ -77,6 +82,10 @@ class Replay:
             return None
         rec = self.journal.lookup_model_call(self.run_id, call_id)
         if rec is None:
+            refused = self.refusal(call_id) if self.strict else None
+            if refused is not None:
+                raise BudgetExceeded(refused.get("cap", "?"), refused.get("limit", 0),
+                                     refused.get("used", 0), refused.get("requested", 0))
             if self.strict:
                 raise DivergenceError(f"replay: call {call_id} is not in the journal of run "
                                       f"{self.run_id}; the run took a different path")
@@ -98,6 +107,19 @@ class Replay:
             f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
             "Nothing was served from the journal for it. Resume with --on-divergence live "
             "to continue live from this point.")
+
+
+    def refusal(self, call_id: str) -> dict | None:
+        """How the recorded run refused ``call_id`` (``{"cap", "limit", "used", "requested"}``),
+        or None if it did not."""
+        with self._lock:
+            if self._refusals is None:
+                self._refusals = {}
+                for st in self.journal.stages(self.run_id):
+                    refused = (st.get("meta") or {}).get("refused")
+                    if st.get("status") == "budget_exceeded" and isinstance(refused, dict):
+                        self._refusals[st.get("id")] = refused
+            return self._refusals.get(call_id)
 
 
 def check_same_run(record: dict, query: str | None, context_sha256: str) -> None:

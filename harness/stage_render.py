@@ -7,6 +7,32 @@ from harness.stage_model import Stage, Usage
 
 __all__ = ["render_tree"]
 
+#: Lines of a model call's reasoning shown under it (the journal keeps all of it).
+REASONING_LINES = 12
+_REASONING_WIDTH = 160
+
+
+def _call_notes(s: Stage) -> str:
+    if s.kind.value != "model_call" or not s.meta:
+        return ""
+    notes = []
+    if s.meta.get("usage_estimated"):
+        notes.append("usage=estimated")
+    if s.meta.get("finish_reason"):
+        notes.append(f"finish={s.meta['finish_reason']}")
+    if s.meta.get("adapted"):
+        notes.append("adapted: " + ", ".join(map(str, s.meta["adapted"])))
+    return (" " + " ".join(notes)) if notes else ""
+
+
+def _reasoning_lines(text: str, indent: str) -> list[str]:
+    rows = text.strip().splitlines()
+    out = [f"{indent}reasoning | {r[:_REASONING_WIDTH]}" for r in rows[:REASONING_LINES]]
+    if len(rows) > REASONING_LINES:
+        out.append(f"{indent}reasoning | ... ({len(rows) - REASONING_LINES} more lines, "
+                   f"{len(text):,} characters in all: see `rlm export`)")
+    return out
+
 
 def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
                 root_id: str | None = None, max_level: int | None = None) -> str:
@@ -14,7 +40,10 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
 
     The first line gives totals for the subtree (stages, calls, tokens, USD). Each node line
     shows: id tail, kind, status, level, tokens and cost *rolled up over its subtree*, and
-    seconds (end - start; now - start while running; ``-`` if not started).
+    seconds (end - start; now - start while running; ``-`` if not started). A model call also
+    says when its usage was estimated (the endpoint reported none), when its reply was cut
+    (``finish=length``) and which request parameters were adapted, and shows its reasoning
+    (never executed) on ``reasoning |`` lines below it, cut to :data:`REASONING_LINES` lines.
 
     Args:
         run_id: the run's id (str); stages: the tree's stages in creation order.
@@ -56,8 +85,11 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
     for r in roots:
         u, k = rollup(r)
         total, n = total + u, n + k
+    estimated = any(s.kind.value == "model_call" and (s.meta or {}).get("usage_estimated")
+                    for s in by_id.values())
     lines = [f"run {run_id}: {n} stages, {total.calls} calls, {total.total_tokens} tokens "
-             f"({total.prompt_tokens} in / {total.completion_tokens} out), ${total.cost_usd:.6f}"]
+             f"({total.prompt_tokens} in / {total.completion_tokens} out), ${total.cost_usd:.6f}"
+             + (" (usage partly estimated: the endpoint reported none)" if estimated else "")]
     for r in roots:
         base = r.count("/")
         stack = [r]
@@ -75,7 +107,11 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
             tail = sid.rsplit("/", 1)[-1]
             indent = "  " * (sid.count("/") - base)
             model = f" {s.model}" if s.model else ""
+            notes = _call_notes(s)
             lines.append(f"{indent}{tail} [{s.kind.value}] {s.status.value} L{s.level}{model} "
-                         f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}")
+                         f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}{notes}")
+            reasoning = (s.meta or {}).get("reasoning") if s.kind.value == "model_call" else None
+            if isinstance(reasoning, str) and reasoning.strip():
+                lines.extend(_reasoning_lines(reasoning, indent + "    "))
             stack.extend(reversed(children[sid]))
     return "\n".join(lines)

@@ -9,7 +9,13 @@ anything the kernel claims about itself.
 
 Messages, op names and error kinds are defined in :mod:`kernels.protocol`; the
 kernel's end is :mod:`kernels.runtime`. The socket lives in a private directory
-(mode 0700) removed on :meth:`BridgeServer.close`.
+(mode 0700) removed on :meth:`BridgeServer.close`; when kernels run as another user
+(:func:`kernels.sandbox.kernel_identity`, a root host) that user's group may enter it
+and connect (mode 0710 and 0660), and the token and peer checks decide as always.
+
+Every request is cleaned by the text policy of :mod:`harness.text` before the handler sees
+it (a lone surrogate a cell put in a prompt becomes U+FFFD), and a batched op whose
+``prompts`` is not a list is refused (:func:`kernels.protocol.batch_args_error`).
 """
 from __future__ import annotations
 
@@ -23,8 +29,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kernels.protocol import (ErrorKind, encode_error, recv_message, reply_error, reply_ok,
-                              send_message)
+from harness.text import clean
+from kernels.protocol import (ErrorKind, batch_args_error, encode_error, recv_message,
+                              reply_error, reply_ok, send_message)
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -130,11 +137,25 @@ class BridgeServer:
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.path)
+        self._open_to_kernel_user()
         self._sock.listen(128)
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept_loop, name="rlm-bridge", daemon=True)
         self._thread.start()
+
+    def _open_to_kernel_user(self) -> None:
+        from kernels.sandbox import KernelUserError, kernel_identity
+        try:
+            ident = kernel_identity()
+        except KernelUserError:
+            return  # the kernel cannot start either, and says why
+        if ident is None:
+            return
+        os.chown(self._dir, -1, ident.gid)
+        os.chmod(self._dir, 0o710)
+        os.chown(self.path, -1, ident.gid)
+        os.chmod(self.path, 0o660)
 
     # registrations -----------------------------------------------------
     def register(self, pid: int, owner: Any) -> Registration:
@@ -210,7 +231,11 @@ class BridgeServer:
                 reg = self._regs.get(token) if isinstance(token, str) else None
             if reg is None or not _ancestors(peer_pid, reg.pid):
                 return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
-            value = self._handler(reg, str(req.get("op")), req.get("args") or {})
+            op, args = clean(str(req.get("op"))), clean(req.get("args") or {})
+            bad = batch_args_error(op, args) if isinstance(args, dict) else "args must be an object"
+            if bad:
+                return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, bad))
+            value = self._handler(reg, op, args)
             return reply_ok(value)
         except BridgeError as exc:
             return reply_error(exc.to_wire())

@@ -7,16 +7,26 @@ ZeroMQ channels. The kernel imports :mod:`kernels.runtime` at start-up
 (:data:`kernels.protocol.BOOT_CODE`), so a kernel taken from the :class:`KernelPool`
 needs only one short bind cell (:func:`kernels.protocol.bind_code`) to serve an RLM.
 
-``jupyter_client`` sets ``JPY_PARENT_PID`` and ipykernel's parent poller exits
-the kernel within about a second when the host process dies (even by SIGKILL),
-so kernels never outlive their host.
+Each kernel runs under a supervisor (:mod:`kernels.sandbox`, :mod:`kernels.supervisor`):
+every process a cell starts, even one that left the kernel's session or process group, is
+killed when the kernel shuts down, dies, or its host dies (even by SIGKILL), so nothing a
+kernel starts outlives it. When the host runs as root the kernel runs as an unprivileged
+user (``RLM_KERNEL_USER``, default ``nobody``). The kernel's own stdout and stderr (where
+ipykernel prints its internal tracebacks) go to ``/dev/null``, never to the user's terminal
+(``RLM_DEBUG=1`` keeps them); a cell's output reaches the host through Jupyter messages.
+
+Text: cell output and errors are cleaned by the text policy of :mod:`harness.text` (a lone
+surrogate becomes U+FFFD), in the kernel and again on the host.
 """
 from __future__ import annotations
 
 import os
 import queue
 import re
+import secrets
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +35,9 @@ from dataclasses import dataclass
 
 from jupyter_client import KernelManager
 
-from kernels.protocol import BOOT_CODE, FINAL_EXPR, parse_final  # noqa: F401 (re-exported)
+from harness.text import clean_text
+from kernels import sandbox
+from kernels.protocol import BOOT_CODE
 from kernels.secrets import kernel_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -77,6 +89,10 @@ class Kernel:
         self.start_timeout = start_timeout
         self.km: KernelManager | None = None
         self.kc = None
+        #: the user the kernel runs as (None: the host's own); see kernels.sandbox
+        self.identity: sandbox.Identity | None = None
+        #: the tag in the environment of the kernel and every process it starts
+        self.tag = ""
         self._lock = threading.Lock()
         self._closed = False
 
@@ -88,41 +104,76 @@ class Kernel:
 
         Raises:
             RuntimeError: the kernel did not answer within ``start_timeout`` s (it is
-                killed), or :meth:`shutdown` was called while it was starting.
+                killed; the message says why when the supervisor knows), or
+                :meth:`shutdown` was called while it was starting.
+            kernels.sandbox.KernelUserError: ``RLM_KERNEL_USER`` is unusable.
         """
+        self.identity = sandbox.kernel_identity()
         km = KernelManager(kernel_name="python3", transport="ipc")
         km.ip = os.path.join(self.workdir, ".k")
+        km.connection_file = os.path.join(self.workdir, "kernel.json")
         km.kernel_spec  # resolve now; the native spec uses this interpreter
-        km.kernel_spec.argv[0] = sys.executable
-        km.start_kernel(env=kernel_env(), cwd=self.workdir,
+        argv = [sys.executable, *km.kernel_spec.argv[1:]]
+        if sandbox.supervisor_available():
+            argv = sandbox.supervised_argv(argv, workdir=self.workdir,
+                                           connection_file=km.connection_file,
+                                           ident=self.identity, own_dir=self._own_dir)
+        km.kernel_spec.argv = argv
+        quiet = {} if os.environ.get("RLM_DEBUG") else {"stdout": subprocess.DEVNULL,
+                                                         "stderr": subprocess.DEVNULL}
+        self.tag = secrets.token_hex(8)
+        km.start_kernel(env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
                         extra_arguments=[f"--IPKernelApp.exec_lines={BOOT_CODE}",
                                          "--HistoryManager.enabled=False",
-                                         "--IPKernelApp.log_level=CRITICAL"])
+                                         "--IPKernelApp.log_level=CRITICAL"], **quiet)
         kc = km.blocking_client()
         kc.start_channels()
         try:
             kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError:
-            km.shutdown_kernel(now=True)
-            raise RuntimeError(f"the Jupyter kernel did not start within {self.start_timeout:g} s")
+            kc.stop_channels()
+            _stop(km, self.tag)
+            why = self._start_error()
+            raise RuntimeError(f"the Jupyter kernel did not start within {self.start_timeout:g} s"
+                               + (f": {why}" if why else ""))
         with self._lock:
             closed = self._closed
             if not closed:
                 self.km, self.kc = km, kc
         if closed:  # shut down while starting (e.g. the pool closed): do not leak it
             kc.stop_channels()
-            km.shutdown_kernel(now=True)
+            _stop(km, self.tag)
             if self._own_dir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise RuntimeError("kernel was shut down while starting")
         return self
 
+    def _start_error(self) -> str:
+        try:
+            with open(os.path.join(self.workdir, ".supervisor-error"), encoding="utf-8",
+                      errors="replace") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
     @property
     def pid(self) -> int:
-        """Process id of the kernel (int); 0 if not started."""
+        """Process id of the kernel's top process (int; its supervisor on Linux); 0 if not started.
+
+        The bridge accepts requests from this process and its descendants.
+        """
         prov = getattr(self.km, "provisioner", None)
         proc = getattr(prov, "process", None)
         return proc.pid if proc is not None else 0
+
+    def share_file(self, path: str) -> str:
+        """A path to ``path``'s content that this kernel can read (a private copy when it
+        runs as another user, see :func:`kernels.sandbox.share_file`).
+
+        Raises:
+            OSError: the copy could not be made.
+        """
+        return sandbox.share_file(path, self.workdir, self.identity)
 
     def is_alive(self) -> bool:
         """True if the kernel was started, not shut down, and its process still runs.
@@ -148,16 +199,14 @@ class Kernel:
             except Exception:
                 pass
         if km is not None:
-            try:
-                km.shutdown_kernel(now=True)
-            except Exception:
-                pass
+            _stop(km, self.tag)
         if self._own_dir and km is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # execution -----------------------------------------------------------
     def execute(self, code: str, timeout: float | None = None,
-                user_expressions: dict | None = None) -> tuple[CellResult, dict]:
+                user_expressions: dict | None = None, *, stop=None, grace: float = 3.0,
+                on_interrupt=None) -> tuple[CellResult, dict]:
         """Run ``code``; returns the :class:`CellResult` and the evaluated user expressions.
 
         Args:
@@ -168,8 +217,15 @@ class Kernel:
                 ``{name: {"status", "data": {"text/plain": repr}}}`` dict ({} if the
                 reply did not arrive within 5 s).
 
-        On timeout the kernel is interrupted; if it does not settle within 3 s,
-        ``KernelDied`` is raised after killing it, so the caller restarts it.
+            stop: anything with ``is_set()`` (an Event, a cancel scope): once set, the cell is
+                interrupted as at its timeout (checked every 0.2 s).
+            grace: seconds an interrupted cell gets to stop before its kernel is killed
+                (``min(grace, 1)`` when ``stop`` interrupted it).
+            on_interrupt: called (no arguments) when the cell is interrupted.
+
+        On timeout (or ``stop``) the kernel is interrupted; if the cell does not settle within
+        ``grace`` seconds (it ignores SIGINT, spins in C code, or keeps printing), ``KernelDied``
+        is raised after killing it, so the caller restarts it.
 
         Raises:
             KernelDied: the process died during the cell (or could not be interrupted).
@@ -184,24 +240,40 @@ class Kernel:
         res = CellResult()
         deadline = None if timeout is None else t0 + timeout
         interrupted_at = None
+        wait = grace
         idle = False
+
+        def watch() -> None:
+            # interrupt at the timeout (or stop); kill when the interrupt is ignored
+            nonlocal interrupted_at, wait
+            now = time.monotonic()
+            if interrupted_at is None:
+                stopped = stop is not None and stop.is_set()
+                if stopped or (deadline is not None and now > deadline):
+                    res.timed_out = True
+                    interrupted_at = now
+                    wait = min(grace, 1.0) if stopped else grace
+                    self.interrupt()
+                    if on_interrupt is not None:
+                        on_interrupt()
+            elif now - interrupted_at > wait:
+                self.shutdown()
+                raise KernelDied("the cell ignored the interrupt after its timeout")
+
         while not idle:
             try:
                 msg = kc.get_iopub_msg(timeout=0.2)
+            except (ValueError, KeyError, TypeError):
+                watch()
+                continue  # a malformed message (a cell wrote to the socket): skip it
             except queue.Empty:
                 if not self.is_alive():
                     res.seconds = time.monotonic() - t0
                     raise KernelDied(self._died_text(parts))
-                now = time.monotonic()
-                if deadline is not None and now > deadline and interrupted_at is None:
-                    res.timed_out = True
-                    interrupted_at = now
-                    self.interrupt()
-                elif interrupted_at is not None and now - interrupted_at > 3.0:
-                    self.shutdown()
-                    raise KernelDied("the cell ignored the interrupt after its timeout")
+                watch()
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                watch()  # e.g. a thread of an earlier cell printing without pause
                 continue
             mtype, content = msg["msg_type"], msg["content"]
             if mtype == "stream":
@@ -216,27 +288,62 @@ class Kernel:
                 res.error = f"{content.get('ename')}: {content.get('evalue')}"
             elif mtype == "status" and content.get("execution_state") == "idle":
                 idle = True
-            # stay responsive to the timeout even while output streams in
-            if (deadline is not None and interrupted_at is None
-                    and time.monotonic() > deadline):
-                res.timed_out = True
-                interrupted_at = time.monotonic()
-                self.interrupt()
+            if not idle:  # stay responsive to the timeout (and the kill) while output streams
+                watch()
         exprs: dict = {}
         try:
             reply = kc.get_shell_msg(timeout=5)
             while reply.get("parent_header", {}).get("msg_id") != msg_id:
                 reply = kc.get_shell_msg(timeout=5)
-            exprs = reply["content"].get("user_expressions") or {}
+            content = reply["content"]
+            exprs = content.get("user_expressions") or {}
+            if content.get("status") == "error" and res.error is None:
+                # the cell failed but its error message never came (a cell can break the
+                # kernel's error display): report it from the reply
+                res.error = f"{content.get('ename')}: {content.get('evalue')}"
+                parts.append(res.error + "\n")
         except queue.Empty:
             pass
-        res.output = "".join(parts)
+        res.output = clean_text("".join(parts))
+        if res.error is not None:
+            res.error = clean_text(res.error)
         res.seconds = time.monotonic() - t0
         return res, exprs
 
     def _died_text(self, parts: list[str]) -> str:
         tail = "".join(parts)[-500:]
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
+
+
+def _stop(km: KernelManager, tag: str) -> None:
+    """Shut a kernel down at once, with every process it started. Never raises.
+
+    The supervisor is asked first (SIGTERM: it kills the kernel and all its descendants,
+    which may have left its process group); it is waited for without being reaped, so
+    its process group id cannot be reused before jupyter_client's own kill and cleanup.
+    If the supervisor was already gone (killed before it could clean up), every process
+    still carrying the kernel's ``tag`` is killed (:func:`kernels.sandbox.kill_tagged`).
+    """
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    if not sandbox.supervisor_available() or proc is None:
+        pass
+    elif proc.poll() is not None:
+        if proc.returncode < 0 and tag:  # the supervisor was killed: it could not clean up
+            sandbox.kill_tagged(tag)
+    else:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    break
+                time.sleep(0.005)
+        except (OSError, ChildProcessError):
+            pass
+    try:
+        km.shutdown_kernel(now=True)
+    except Exception:
+        pass
 
 
 class KernelPool:

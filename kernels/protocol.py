@@ -34,7 +34,7 @@ import struct
 from typing import Any, Mapping
 
 __all__ = [
-    "BATCHED_OPS", "BOOT_CODE", "ERROR_ATTRS", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
+    "BATCHED_OPS", "BOOT_CODE", "batch_args_error", "ERROR_ATTRS", "FINAL_ANCHOR", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
     "SUBCALL_OPS", "ErrorKind", "Op", "bind_code", "boot_code", "decode_error",
     "encode_error", "encode_frame", "final_value", "is_error_item", "item_error", "item_ok", "parse_final",
     "recv_message", "reply_error", "reply_ok", "request", "send_message",
@@ -94,6 +94,22 @@ ERROR_ATTRS: dict[str, dict[str, Any]] = {
     ErrorKind.DEPTH_ERROR: {},
     ErrorKind.SUBCALL_ERROR: {},
 }
+
+
+def batch_args_error(op: str, args: Mapping[str, Any]) -> str | None:
+    """Why a batched op's ``prompts`` argument is unusable, or None if it is a list.
+
+    A batched op (:data:`BATCHED_OPS`) takes a *list* of prompts: one ``str`` (or bytes, or a
+    dict) would otherwise be iterated item by item, one sub-call per character or key. The
+    kernel's runtime raises ``TypeError`` before sending; the host checks again with this.
+    """
+    if op not in BATCHED_OPS:
+        return None
+    prompts = args.get("prompts")
+    if isinstance(prompts, list):
+        return None
+    return (f"{op}: the argument `prompts` must be a list of prompts, not a "
+            f"{type(prompts).__name__}; pass a list such as [prompt1, prompt2]")
 
 
 # --------------------------------------------------------------------------- framing
@@ -243,11 +259,21 @@ BOOT_CODE = f"import kernels.runtime as {RUNTIME_NAME}"
 #: The key under which :data:`FINAL_EXPR` is sent in a cell's ``user_expressions``.
 FINAL_KEY = "final"
 
+#: The name of the in-kernel class whose ``take_final()`` pops the answer (see :data:`FINAL_EXPR`).
+FINAL_ANCHOR = "_RLMFinal"
+
 #: A user expression (Python source, str) evaluated in the kernel after a cell: the JSON
 #: text of ``{"answer": str}`` if the cell called ``FINAL``/``FINAL_VAR``, else ``null``.
 #: It pops the answer, so each answer is read once. Send it as
 #: ``user_expressions={FINAL_KEY: FINAL_EXPR}`` and read it with :func:`parse_final`.
-FINAL_EXPR = f"__import__('json').dumps({RUNTIME_NAME}.take_final())"
+#:
+#: It uses no name at all (no global, no builtin, no module): it finds the runtime's
+#: :data:`FINAL_ANCHOR` class among ``object``'s subclasses and calls its ``take_final()``,
+#: which first restores everything the host relies on in the kernel. So whatever a cell did
+#: to its namespace (``%reset -f``, ``del``, ``__builtins__`` or ``sys.modules`` tampering,
+#: rebinding the runtime's handle), the answer its ``FINAL`` recorded still reaches the host.
+FINAL_EXPR = ("([a for c in ().__class__.__base__.__subclasses__() "
+              f"if c.__name__ == {FINAL_ANCHOR!r} for a in (c.take_final(),) if a] + ['null'])[0]")
 
 
 def boot_code() -> str:
@@ -295,4 +321,9 @@ def parse_final(exprs: dict) -> str | None:
     if not v or v.get("status") != "ok":
         return None
     got = json.loads(ast.literal_eval(v["data"]["text/plain"]))
-    return None if got is None else got["answer"]
+    if got is None:
+        return None
+    answer = got["answer"]
+    # the text policy of harness.text (this module is standard library only): lone
+    # surrogates, which UTF-8 cannot encode, become U+FFFD
+    return answer.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")

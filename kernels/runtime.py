@@ -8,22 +8,37 @@ token; the host checks the token *and* the connecting process id, so nothing
 the model's code rewrites here (globals, environment, this module) can change
 its depth, its budget scope, or let it act as another kernel.
 
+After every cell (and before the host reads the answer) everything the host relies on in
+the kernel is put back: the reserved names, this module's handle, builtins, the modules of
+``sys.modules``, output capture, the message packer (see "restoring" below), so no cell can
+break the next one or the answer path. The batched functions refuse one str/bytes/dict
+(``TypeError``, nothing sent).
+
 The wire format, the op names and the error kinds are in :mod:`kernels.protocol`.
 """
 from __future__ import annotations
 
+import builtins
 import json
 import socket
+import sys
 import threading
+from collections.abc import Mapping
 
-from kernels.protocol import (ErrorKind, Op, decode_error, encode_frame, final_value,
-                              is_error_item, recv_message, request)
+from harness.text import clean_text
+from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, decode_error,
+                              encode_frame, final_value, is_error_item, recv_message, request)
 
+# The module's state survives a re-execution of the module (``importlib.reload`` from a cell).
+_OLD = globals()
 # Names restored after every cell. Filled in by bind().
-RESERVED: dict = {}
-_FINAL: dict = {}
-_STATE = threading.local()
-_CONF: dict = {}
+RESERVED: dict = _OLD.get("RESERVED", {})
+_FINAL: dict = _OLD.get("_FINAL", {})
+_STATE = _OLD.get("_STATE") or threading.local()
+_CONF: dict = _OLD.get("_CONF", {})
+#: What :func:`_restore` puts back after every cell; filled in by :func:`bind`.
+_SNAP: dict = _OLD.get("_SNAP", {})
+del _OLD
 
 
 class RLMKernelError(Exception):
@@ -146,14 +161,35 @@ def llm_query(prompt, model=None):
     return _call(Op.LLM_QUERY, prompt=_text(prompt, "prompt"), model=model)
 
 
+def _prompt_list(prompts, fn: str, single: str) -> list:
+    """``prompts`` as a list, or TypeError if it is one prompt rather than a list of them.
+
+    A str, bytes or a dict given whole would otherwise be iterated item by item (one call
+    per character, byte or key): refused before anything is sent.
+    """
+    if isinstance(prompts, (str, bytes, bytearray, memoryview, Mapping)):
+        what = type(prompts).__name__
+        size = (f" of {len(prompts)} characters" if isinstance(prompts, str) else
+                f" with {len(prompts)} keys" if isinstance(prompts, Mapping) else "")
+        raise TypeError(f"{fn}(prompts): the argument `prompts` must be a list of prompts, "
+                        f"got one {what}{size}; pass a list such as {fn}([prompt1, prompt2]), "
+                        f"or call {single}(prompt) for a single prompt. Nothing was sent.")
+    try:
+        return list(prompts)
+    except TypeError:
+        raise TypeError(f"{fn}(prompts): the argument `prompts` must be a list of prompts, "
+                        f"not {type(prompts).__name__}. Nothing was sent.") from None
+
+
 def llm_query_batched(prompts, model=None, return_exceptions=False):
     """Many plain completions, run concurrently by the host; answers in input order (list[str]).
 
-    If an item fails, raises BatchError carrying every item's result or error, unless
-    ``return_exceptions=True``, which returns the exceptions in place. A refusal of the
-    whole batch raises as :func:`llm_query` does.
+    ``prompts`` is a list (or another iterable) of prompts; one str, bytes or dict raises
+    TypeError and nothing is sent. If an item fails, raises BatchError carrying every item's
+    result or error, unless ``return_exceptions=True``, which returns the exceptions in
+    place. A refusal of the whole batch raises as :func:`llm_query` does.
     """
-    prompts = [_text(p, "prompt") for p in prompts]
+    prompts = [_text(p, "prompt") for p in _prompt_list(prompts, Op.LLM_QUERY_BATCHED, Op.LLM_QUERY)]
     values = _call(Op.LLM_QUERY_BATCHED, prompts=prompts, model=model)
     return _batch_results(values, return_exceptions, Op.LLM_QUERY_BATCHED)
 
@@ -173,10 +209,12 @@ def rlm(prompt, query=None, model=None):
 def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
     """Many child RLMs, run concurrently by the host; answers in input order (list[str]).
 
-    Failed items raise BatchError, or come back in place with ``return_exceptions=True``,
-    as in :func:`llm_query_batched`.
+    ``prompts`` is a list of contexts; one str, bytes or dict raises TypeError and nothing
+    is sent. Failed items raise BatchError, or come back in place with
+    ``return_exceptions=True``, as in :func:`llm_query_batched`.
     """
-    prompts = [p if isinstance(p, (str, list, dict)) else str(p) for p in prompts]
+    prompts = [p if isinstance(p, (str, list, dict)) else str(p)
+               for p in _prompt_list(prompts, Op.RLM_BATCHED, Op.RLM)]
     values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model)
     return _batch_results(values, return_exceptions, Op.RLM_BATCHED)
 
@@ -184,8 +222,8 @@ def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
 def FINAL(value):
     """Set the run's answer to ``str(value)``. Only executed code can end a run."""
     _FINAL.clear()
-    _FINAL["answer"] = value if isinstance(value, str) else repr(value) if not isinstance(
-        value, (int, float)) else str(value)
+    _FINAL["answer"] = clean_text(value if isinstance(value, str) else repr(value) if not isinstance(
+        value, (int, float)) else str(value))
     return "FINAL answer recorded."
 
 
@@ -244,15 +282,153 @@ def _user_ns() -> dict:
 
 
 def _ip():
+    ip = _SNAP.get("ip")
+    if ip is not None:
+        return ip
     from IPython import get_ipython
     return get_ipython()
 
 
+# --------------------------------------------------------------------------- restoring
+#
+# Everything the host relies on inside the kernel is put back after every cell (the
+# ``post_run_cell`` event) and again right before the answer is read (``take_final``, run
+# by the host's FINAL expression, which uses no name a cell can rebind): the reserved names
+# and this module's handle in the namespace, ``__builtins__`` and the builtins a cell
+# replaced (``print``...), the modules in ``sys.modules`` at bind time, ``sys.stdout`` and
+# ``sys.stderr`` (the kernel's output capture), the kernel session's message packer, and
+# the shell methods the host's requests go through. ``%reset`` restores at once.
+
+#: Shell attributes a cell may shadow on the instance; the class's own are what the host uses.
+_SHELL_METHODS = ("reset", "user_expressions", "ev", "run_cell", "_format_user_obj")
+
+
+def _put_back(target: dict, snapshot: dict, skip=()) -> None:
+    for k, v in snapshot.items():
+        if k not in skip and target.get(k, _put_back) is not v:
+            target[k] = v
+
+
 def _restore(*_args) -> None:
-    ns = _user_ns()
-    for k, v in RESERVED.items():
-        if ns.get(k) is not v:
-            ns[k] = v
+    """Put back everything the host relies on in the kernel (see above). Never raises."""
+    if not _SNAP:
+        return
+    for step in (_restore_modules, _restore_namespace, _restore_kernel):
+        try:
+            step()
+        except Exception:
+            pass
+
+
+def _restore_modules() -> None:
+    _put_back(sys.modules, _SNAP["modules"])
+    for mod, snap in _SNAP["module_dicts"]:
+        _put_back(vars(mod), snap)
+    _put_back(vars(builtins), _SNAP["builtins"], _SNAP["ipython_builtins"])
+
+
+def _restore_namespace() -> None:
+    ns = _SNAP["ip"].user_ns
+    _put_back(ns, RESERVED)
+    _put_back(ns, {RUNTIME_NAME: _SNAP["self"], "__builtins__": builtins})
+    if "print" in ns and ns["print"] is not _SNAP["builtins"]["print"]:
+        del ns["print"]  # output capture: a cell's own `print = ...` does not outlive it
+
+
+def _restore_kernel() -> None:
+    ip = _SNAP["ip"]
+    sys.stdout, sys.stderr = _SNAP["streams"]
+    own = vars(ip)
+    for name in _SHELL_METHODS:
+        if name in _SNAP["shell"]:
+            if own.get(name) is not _SNAP["shell"][name]:
+                own[name] = _SNAP["shell"][name]
+        elif name in own:
+            del own[name]
+    ip.reset = _reset  # %reset (and %reset -f) restores at once, not only after the cell
+    session = _SNAP["session"]
+    if session is not None and session.pack is not _pack:
+        session.pack = _pack
+    callbacks = ip.events.callbacks.get("post_run_cell")
+    if callbacks is not None and _restore not in callbacks:
+        ip.events.register("post_run_cell", _restore)
+
+
+def _reset(*args, **kwargs):
+    """The shell's ``reset`` (``%reset``), followed at once by :func:`_restore`."""
+    ip = _SNAP["ip"]
+    try:
+        return type(ip).reset(ip, *args, **kwargs)
+    finally:
+        _restore()
+
+
+def _pack(obj) -> bytes:
+    """The kernel session's message packer: JSON as UTF-8, text cleaned by the text policy.
+
+    Jupyter's own packer fails on a lone surrogate (a cell printing half an emoji), which
+    would lose the output and print a traceback from the kernel's I/O thread; this one
+    replaces it with U+FFFD (:mod:`harness.text`) and never sends invalid UTF-8.
+    """
+    try:
+        text = json.dumps(obj, default=_json_default, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps(_json_clean(obj), default=_json_default, ensure_ascii=False,
+                          allow_nan=False)
+    return clean_text(text).encode("utf-8")
+
+
+def _install_packer() -> None:
+    """Give the running kernel's session :func:`_pack` (at import: before any cell runs)."""
+    try:
+        session = _ip().kernel.session
+    except Exception:  # not inside a kernel (the host imports this module too)
+        return
+    session.pack = _pack
+
+
+def _snapshot(ip) -> None:
+    """Record what :func:`_restore` puts back (called by :func:`bind`)."""
+    import harness.text as text
+    import kernels.protocol as protocol
+    self = sys.modules[__name__]
+    kernel = getattr(ip, "kernel", None)
+    _SNAP.clear()
+    _SNAP.update(
+        ip=ip, self=self, modules=dict(sys.modules),
+        shell={k: v for k, v in vars(ip).items() if k in _SHELL_METHODS},
+        module_dicts=[(m, dict(vars(m))) for m in (self, protocol, text, json)],
+        builtins=dict(vars(builtins)),
+        ipython_builtins=set(getattr(getattr(ip, "builtin_trap", None), "auto_builtins", ()))
+        | {"__IPYTHON__", "display", "get_ipython"},
+        streams=(sys.stdout, sys.stderr),
+        session=getattr(kernel, "session", None),
+    )
+
+
+def take_final():
+    """Host-side helper: restore the kernel's plumbing, then pop the answer FINAL set, as JSON.
+
+    Returns the JSON text of ``{"answer": str}`` (see :func:`kernels.protocol.final_value`),
+    or None if no answer is waiting. The host calls this through
+    :data:`kernels.protocol.FINAL_EXPR`, in the same ``user_expressions`` round trip as the
+    cell, on the class named :data:`kernels.protocol.FINAL_ANCHOR`.
+    """
+    _restore()
+    if "answer" in _FINAL:
+        return json.dumps(final_value(clean_text(_FINAL.pop("answer"))))
+    return None
+
+
+#: The anchor the host's FINAL expression finds without any name (see FINAL_EXPR).
+_Anchor = type(FINAL_ANCHOR, (), {"take_final": staticmethod(take_final), "__slots__": ()})
+
+try:
+    from jupyter_client.jsonutil import json_clean as _json_clean
+    from jupyter_client.jsonutil import json_default as _json_default
+except ImportError:  # pragma: no cover - jupyter_client is a dependency
+    _json_clean, _json_default = (lambda o: o), None
+_install_packer()
 
 
 def load_context(path: str, fmt: str):
@@ -263,7 +439,7 @@ def load_context(path: str, fmt: str):
     """
     if fmt == "json":
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            return json.loads(f.read())  # the host wrote it clean (see rlm.context)
     with open(path, "r", encoding="utf-8", newline="") as f:
         return f.read()
 
@@ -294,22 +470,11 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
         BudgetExceeded=BudgetExceeded, ChildRLMError=ChildRLMError, BatchError=BatchError,
         SubcallError=SubcallError, DepthError=DepthError,
     )
-    _restore()
     try:
         ip.events.unregister("post_run_cell", _restore)
     except ValueError:
         pass
     ip.events.register("post_run_cell", _restore)
+    _snapshot(ip)
+    _restore()
     return f"context bound: {type(ctx).__name__}"
-
-
-def take_final():
-    """Host-side helper: pop the answer set by FINAL in the last cell, or None.
-
-    Returns ``{"answer": str}`` (see :func:`kernels.protocol.final_value`) or None. The
-    host calls this through :data:`kernels.protocol.FINAL_EXPR`, in the same
-    ``user_expressions`` round trip as the cell.
-    """
-    if "answer" in _FINAL:
-        return final_value(_FINAL.pop("answer"))
-    return None

@@ -9,8 +9,9 @@ One module, three uses, one rule: model code never gets a credential of the host
   model server (:func:`without_secrets`), get the host's environment minus every
   variable whose *name* looks like a secret (:data:`SECRET_NAME`: ``KEY``, ``TOKEN``,
   ``SECRET``, ``PASSWORD``, ``PASSWD``, ``CREDENTIAL``, ``AUTH``, any case).
-* **The host's own start-up block** (:func:`hide_startup_secrets`): a kernel runs as the
-  same user as its host and could read the host's *initial* environment from
+* **The host's own start-up block** (:func:`hide_startup_secrets`): a kernel of a non-root
+  host runs as the same user as its host (a root host runs kernels unprivileged, see
+  :mod:`kernels.sandbox`) and could read the host's *initial* environment from
   ``/proc/<ppid>/environ``. That file shows the memory block the process started with,
   which changing ``os.environ`` does not touch. After the key has been read into this
   process's ``os.environ`` (Python's own copy, which the ``openai`` client uses), the

@@ -36,6 +36,7 @@ ENVIRONMENT = """environment:
   RLM_JOURNAL       journal file (default: ~/.local/share/rlm/journal.sqlite3)
   RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
   RLM_DEBUG=1       print tracebacks for unexpected errors
+  RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
 """
 
 
@@ -105,6 +106,8 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``rlm`` argument parser: every subcommand, with the option flags from the registry
+    (:data:`rlm.options.OPTIONS`) and the view flags from :mod:`rlm.cli_views`."""
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="rlm", formatter_class=fmt,
@@ -150,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("run_id", metavar="RUN_ID")
     ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
     add_arguments(ex, "export")
+    from .cli_views import extend_parser  # rlm view, live view, OpenTelemetry flags
+    extend_parser(sub, {"run": r, "resume": rs, "replay": rp, "runs": ls, "show": sh,
+                        "export": ex})
     return parser
 
 
@@ -197,19 +203,20 @@ def _emit(res, args, summary: bool = True) -> int:
 
 def _cmd_run(args) -> int:
     from .api import RLM
+    from .cli_views import run_hooks
     o = options_from_args(args, RUN)
-    o["on_progress"] = _Progress(args.quiet)
     context = "-" if args.context == "-" else Path(args.context)
-    with RLM(**o) as r:
+    with run_hooks(args, o), RLM(**o) as r:
         res = r.completion(context, args.query)
     return _emit(res, args)
 
 
 def _cmd_resume(args) -> int:
     from .api import resume
+    from .cli_views import run_hooks
     o = options_from_args(args, RESUME)
-    o["on_progress"] = _Progress(args.quiet)
-    res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
+    with run_hooks(args, o):
+        res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
     return _emit(res, args)
 
 
@@ -217,6 +224,8 @@ def _cmd_replay(args) -> int:
     from .api import replay
     res = replay(args.run_id, context=Path(args.context) if args.context else None,
                  on_progress=_Progress(args.quiet), **options_from_args(args, REPLAY))
+    from .cli_views import write_replay_view
+    write_replay_view(args, res)
     if not args.quiet and not args.json:
         print(f"[rlm] replay of {args.run_id}: same outcome ({res.status}), "
               f"{res.replayed_calls} model call(s) served from the journal, 0 sent",
@@ -291,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _setup_logging(args)
+    # text UTF-8 cannot encode (lone surrogates) is written as U+FFFD: see harness/text.py
+    from harness.text import protect_streams
+    protect_streams()
     # SIGTERM (a workflow engine stopping the step) cleans up like Ctrl-C: kernels are shut
     # down and the run is journaled as cancelled, so the same run id resumes it later.
     signal.signal(signal.SIGTERM, _terminate)
@@ -299,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export}
+    from .cli_views import handler_for
     try:
-        return handlers[args.command](args)
+        return (handler_for(args) or handlers[args.command])(args)
     except BrokenPipeError:
         # stdout closed early (e.g. piped into `head`): not an error of the run
         try:

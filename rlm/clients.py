@@ -3,24 +3,56 @@
 Transient failures (HTTP 429, 5xx, timeouts, connection errors) are retried by
 ``tenacity`` with exponential backoff and full jitter, bounded attempts, and the
 server's ``Retry-After`` honoured when it sends one. Every attempt is recorded
-(and logged at INFO with ``-v``). Other failures (401, 400, 404...) fail at once.
+(and logged at INFO with ``-v``). Other failures (401, 400, 404...) fail at once, except a 400
+that rejects a request parameter (see below).
+
+What goes on the wire follows the model's capabilities (:mod:`harness.capabilities`): reasoning
+families (o1/o3/o4-mini/gpt-5) get ``max_completion_tokens`` and no temperature. A 400 (or 422)
+that names a parameter the request sent as unsupported is retried once without it
+(``max_tokens`` <-> ``max_completion_tokens``, anything else dropped); the adaptation is recorded
+in the attempt (``"adapted"``) and kept for the rest of the client's calls to that model.
+
+A reply's reasoning is never its text: reasoning sections in the content (``<think>...``) and
+separate reasoning fields (``reasoning_content``, ``reasoning``...) go to
+:attr:`Completion.reasoning` (see :mod:`rlm.parsing`). A reply with no usage is counted locally
+with tiktoken and marked ``usage_estimated`` (warned once per client).
 """
 from __future__ import annotations
 
 import logging
 import random
+import re
+import threading
 import time
 from dataclasses import dataclass, field
 
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_random_exponential)
 
+from harness.capabilities import capabilities
+
 from .errors import EndpointError, ModelReplyError
+from .parsing import reasoning_from_message, split_reasoning
 
 log = logging.getLogger("rlm")
 
+#: ``finish_reason`` values meaning the reply stopped at the output-token limit.
+CUT_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "model_length"})
+
+#: Parameters a 400 may reject and the client may adapt (never ``model`` or ``messages``).
+_ADAPTABLE = ("max_completion_tokens", "max_tokens", "temperature", "stop")
+_REJECTS = re.compile(r"unsupported|not supported|unrecogni[sz]ed|unknown|not allowed|"
+                      r"not permitted|extra (?:inputs|fields)|extra_forbidden|does not support|"
+                      r"unexpected|only the default|invalid (?:param|arg|field|request arg)|"
+                      r"not (?:a )?valid (?:param|arg)", re.IGNORECASE)
+
 #: Longest honoured Retry-After (s); a server asking for more is waited on this long.
 MAX_RETRY_AFTER = 30.0
+
+
+class DeadlineExceeded(EndpointError):
+    """The call could not finish before its deadline (the run's wall-clock cap): an attempt
+    was cut at the deadline, or the next retry would have to wait past it."""
 
 
 @dataclass
@@ -28,12 +60,20 @@ class Completion:
     """One model reply.
 
     Attributes:
-        text: the reply's content (str).
-        prompt_tokens, completion_tokens: usage reported by the endpoint (tokens).
+        text: the reply's content without its reasoning sections (str).
+        prompt_tokens, completion_tokens: usage reported by the endpoint, or counted locally
+            when it reported none (tokens).
         cost_usd: cost reported by the provider (USD) if it sends one, else None.
         model: the model that answered.
-        attempts: one dict per HTTP attempt: ``{"n", "seconds", "error"}``.
+        attempts: one dict per HTTP attempt: ``{"n", "seconds", "error"}``, plus ``"adapted"``
+            (e.g. ``"max_tokens -> max_completion_tokens"``) on an attempt whose 400 made the
+            client change the request.
         seconds: wall time over all attempts (s).
+        reasoning: the reply's reasoning (separate reasoning fields, then the sections cut out
+            of the content), never executed, never the answer (str, "" for none).
+        finish_reason: why the reply ended (``"stop"``, ``"length"``...; None if not sent).
+        usage_estimated: the endpoint sent no usage, so the token counts are tiktoken's.
+        adapted: parameter adaptations in effect for this call, learned from 400s (list of str).
     """
 
     text: str
@@ -43,11 +83,47 @@ class Completion:
     model: str = ""
     attempts: list = field(default_factory=list)
     seconds: float = 0.0
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage_estimated: bool = False
+    adapted: list = field(default_factory=list)
+
+    @property
+    def cut(self) -> bool:
+        """True if the reply stopped at the output-token limit."""
+        return (self.finish_reason or "") in CUT_REASONS
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "cost_usd": self.cost_usd,
-                "model": self.model}
+        d = {"text": self.text, "prompt_tokens": self.prompt_tokens,
+             "completion_tokens": self.completion_tokens, "cost_usd": self.cost_usd,
+             "model": self.model}
+        if self.reasoning:
+            d["reasoning"] = self.reasoning
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
+        if self.usage_estimated:
+            d["usage_estimated"] = True
+        return d
+
+    def meta(self) -> dict:
+        """What a ``model_call`` stage keeps beside its evidence: attempts, and the reasoning,
+        finish reason, estimated usage and adaptations when there are any."""
+        m: dict = {"attempts": self.attempts}
+        if self.reasoning:
+            m["reasoning"] = self.reasoning
+        if self.finish_reason not in (None, "stop"):
+            m["finish_reason"] = self.finish_reason
+        if self.usage_estimated:
+            m["usage_estimated"] = True
+        if self.adapted:
+            m["adapted"] = list(self.adapted)
+        return m
+
+    @classmethod
+    def from_record(cls, resp: dict, model: str) -> "Completion":
+        """A completion rebuilt from its journaled response (:meth:`to_dict`), not charged."""
+        return cls(text=resp.get("text", ""), model=resp.get("model", model),
+                   reasoning=resp.get("reasoning", ""), finish_reason=resp.get("finish_reason"))
 
 
 def _openai():
@@ -105,7 +181,11 @@ class ModelClient:
         self._api_key = api_key or "EMPTY"
         self._timeout = timeout
         self._client_obj = None
-        self._init_lock = __import__("threading").Lock()
+        self._hard_deadline = False  # the deadline network backend is in place
+        self._init_lock = threading.Lock()
+        # per model: parameter -> its replacement (None: dropped), learned from 400s
+        self._learned: dict[str, dict[str, str | None]] = {}
+        self._warned_usage = False
         self._backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
 
     @property
@@ -113,10 +193,46 @@ class ModelClient:
         if self._client_obj is None:
             with self._init_lock:
                 if self._client_obj is None:
-                    self._client_obj = _openai().OpenAI(base_url=self.base_url,
-                                                        api_key=self._api_key, max_retries=0,
-                                                        timeout=self._timeout)
+                    from . import http_deadline
+                    client = _openai().OpenAI(base_url=self.base_url, api_key=self._api_key,
+                                              max_retries=0, timeout=self._timeout)
+                    self._hard_deadline = http_deadline.install(client)
+                    self._client_obj = client
         return self._client_obj
+
+    def close(self) -> None:
+        """Close the HTTP connections (a call still in flight on another thread fails)."""
+        client = self._client_obj
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+
+    def _create(self, client, kwargs: dict, deadline: float | None):
+        """One HTTP attempt that ends by ``deadline`` whatever the server does: every network
+        read and write is cut to it (:mod:`rlm.http_deadline`); if that could not be installed
+        in this ``openai`` version, the attempt runs on a helper thread left behind at the
+        deadline."""
+        from . import http_deadline
+        if deadline is None or self._hard_deadline:
+            with http_deadline.deadline(deadline):
+                return client.chat.completions.create(**kwargs)
+        box: dict = {}
+
+        def attempt() -> None:
+            try:
+                box["value"] = client.chat.completions.create(**kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+        t = threading.Thread(target=attempt, daemon=True, name="rlm-http")
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            raise _openai().APITimeoutError(request=None)  # type: ignore[arg-type]
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -128,7 +244,7 @@ class ModelClient:
     def complete(self, messages: list[dict], model: str, *, max_tokens: int | None = None,
                  temperature: float | None = None, stop: list[str] | None = None,
                  timeout: float | None = None, deadline: float | None = None,
-                 call_id: str | None = None) -> Completion:
+                 call_id: str | None = None, cancel=None) -> Completion:
         """Send one chat completion; retry transient failures.
 
         Args:
@@ -136,24 +252,36 @@ class ModelClient:
             call_id: sent as the ``X-RLM-Call-Id`` header (run id and stage id), so a
                 provider or proxy can trace, and de-duplicate, retried calls.
             deadline: a ``time.monotonic()`` instant after which no attempt is made or
-                kept waiting on (the wall-clock cap); each attempt's timeout is cut to it.
+                kept waiting on (the wall-clock cap): every network read and write of an
+                attempt is cut to it (a server that never answers, answers slowly or trickles
+                its reply is let go at the deadline), and a retry whose wait (backoff or
+                ``Retry-After``) would end past it is not made.
+            cancel: anything with ``is_set()``/``wait(s)`` (an Event, a cancel scope): once
+                set, no further attempt is made and a retry wait ends at once.
+
+        The output cap goes out as ``max_tokens`` or ``max_completion_tokens`` and the
+        temperature is left out as the model's capabilities say; a 400 rejecting one of them is
+        retried once without it (see the module docstring).
 
         Returns:
-            Completion with text and usage.
+            Completion with text, reasoning and usage (counted locally if the reply has none).
         Raises:
             EndpointError: unreachable or failing after ``max_attempts``, or a
                 non-transient HTTP error (message says which and what to do).
+            DeadlineExceeded: the deadline ended the call (an ``EndpointError``).
             ModelReplyError: the reply has no choices/message.
         """
         attempts: list[dict] = []
         t0 = time.monotonic()
         kwargs: dict = {"model": model, "messages": messages}
+        caps = capabilities(model)
         if max_tokens is not None:
-            kwargs["max_tokens"] = int(max_tokens)
-        if temperature is not None:
+            kwargs[caps.token_param] = int(max_tokens)
+        if temperature is not None and caps.temperature:
             kwargs["temperature"] = float(temperature)
         if stop:
             kwargs["stop"] = stop
+        adapted = self._apply_learned(model, kwargs)
         if call_id:
             kwargs["extra_headers"] = {"X-RLM-Call-Id": call_id}
 
@@ -168,7 +296,7 @@ class ModelClient:
                 t = left if t is None else min(t, left)
             try:
                 client = self._client if t is None else self._client.with_options(timeout=t)
-                resp = client.chat.completions.create(**kwargs)
+                resp = self._create(client, kwargs, deadline)
             except Exception as exc:
                 attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
                                  "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -180,44 +308,155 @@ class ModelClient:
             return resp
 
         openai = _openai()
-        def past_deadline(state: RetryCallState) -> bool:
-            return deadline is not None and time.monotonic() + 0.01 >= deadline
+        stopped = {"deadline": False}
 
-        retrying = Retrying(stop=stop_after_attempt(self.max_attempts) | past_deadline,
-                            wait=self._wait,
-                            retry=retry_if_exception(_transient), reraise=True)
-        try:
-            resp = retrying(once)
-        except openai.APIStatusError as exc:
-            hint = {401: "check --api-key / OPENAI_API_KEY", 403: "check the key's permissions",
-                    404: "check --model and --base-url"}.get(exc.status_code, "")
-            raise EndpointError(
-                f"model endpoint {self.base_url} answered HTTP {exc.status_code} "
-                f"after {len(attempts)} attempt(s): {_short(exc)}" + (f"; {hint}" if hint else "")
-            ) from None
-        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-            raise EndpointError(
-                f"model endpoint {self.base_url} unreachable after {len(attempts)} attempt(s) "
-                f"({type(exc).__name__}); check that the server is running and --base-url is "
-                "right") from None
-        except openai.OpenAIError as exc:
-            raise EndpointError(f"model endpoint {self.base_url} failed: {_short(exc)}") from None
+        def past_deadline(state: RetryCallState) -> bool:
+            # tenacity computes the wait before asking to stop: never sleep past the deadline
+            if cancel is not None and cancel.is_set():
+                return True
+            if deadline is not None and (
+                    time.monotonic() + (state.upcoming_sleep or 0.0) + 0.01 >= deadline):
+                stopped["deadline"] = True
+                return True
+            return False
+
+        def sleep(seconds: float) -> None:
+            if cancel is not None:
+                cancel.wait(seconds)
+            else:
+                time.sleep(seconds)
+
+        changed: set[str] = set()
+        while True:
+            retrying = Retrying(stop=stop_after_attempt(self.max_attempts) | past_deadline,
+                                wait=self._wait, sleep=sleep,
+                                retry=retry_if_exception(_transient), reraise=True)
+            try:
+                try:
+                    resp = retrying(once)
+                except Exception as exc:
+                    if deadline is not None and (stopped["deadline"]
+                                                 or time.monotonic() + 0.05 >= deadline):
+                        raise DeadlineExceeded(
+                            f"model endpoint {self.base_url}: the call could not finish "
+                            f"before its deadline after {len(attempts)} attempt(s) (last: "
+                            f"{type(exc).__name__}: {_short(exc)})") from None
+                    raise
+                break
+            except openai.APIStatusError as exc:
+                change = self._adapt(model, kwargs, exc, changed)
+                if change is None:
+                    hint = {401: "check --api-key / OPENAI_API_KEY",
+                            403: "check the key's permissions",
+                            404: "check --model and --base-url"}.get(exc.status_code, "")
+                    raise EndpointError(
+                        f"model endpoint {self.base_url} answered HTTP {exc.status_code} "
+                        f"after {len(attempts)} attempt(s): {_short(exc)}"
+                        + (f"; {hint}" if hint else "")) from None
+                attempts[-1]["adapted"] = change
+                adapted.append(change)
+                log.warning("model %s rejected a request parameter (%s); retrying once with "
+                            "%s", model, _short(exc), change)
+            except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+                raise EndpointError(
+                    f"model endpoint {self.base_url} unreachable after {len(attempts)} "
+                    f"attempt(s) ({type(exc).__name__}); check that the server is running and "
+                    "--base-url is right") from None
+            except openai.OpenAIError as exc:
+                raise EndpointError(f"model endpoint {self.base_url} failed: {_short(exc)}") \
+                    from None
         choices = getattr(resp, "choices", None) or []
         if not choices or getattr(choices[0], "message", None) is None:
             raise ModelReplyError(f"model endpoint {self.base_url} sent a reply with no message "
                                   "(malformed chat completion)")
-        text = choices[0].message.content or ""
+        message = choices[0].message
+        raw = message.content or ""
+        if not isinstance(raw, str):  # content parts: keep their text
+            raw = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in raw)
+        text, sections = split_reasoning(raw)
+        reasoning = "\n\n".join(x for x in [reasoning_from_message(message)] + sections if x)
         usage = getattr(resp, "usage", None)
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage else 0
-        ct = int(getattr(usage, "completion_tokens", 0) or 0) if usage else 0
+        pt = getattr(usage, "prompt_tokens", None) if usage is not None else None
+        ct = getattr(usage, "completion_tokens", None) if usage is not None else None
         cost = None
         if usage is not None:
             extra = getattr(usage, "model_extra", None) or {}
             if isinstance(extra.get("cost"), (int, float)):
                 cost = float(extra["cost"])
-        return Completion(text=text, prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
-                          model=getattr(resp, "model", None) or model, attempts=attempts,
-                          seconds=time.monotonic() - t0)
+        estimated = False
+        # no usage, a field missing, or zeros for a non-empty exchange: nothing was reported
+        if pt is None or ct is None or (not pt and not ct and (raw or reasoning)):
+            estimated = True
+            pt, ct = self._estimate(messages, raw, reasoning, pt, ct)
+        return Completion(text=text, prompt_tokens=int(pt or 0), completion_tokens=int(ct or 0),
+                          cost_usd=cost, model=getattr(resp, "model", None) or model,
+                          attempts=attempts, seconds=time.monotonic() - t0,
+                          reasoning=reasoning,
+                          finish_reason=getattr(choices[0], "finish_reason", None),
+                          usage_estimated=estimated, adapted=adapted)
+
+    # request parameters ----------------------------------------------------------------
+    def _apply_learned(self, model: str, kwargs: dict) -> list[str]:
+        """Apply the adaptations learned for ``model`` to ``kwargs``; returns them as text."""
+        with self._init_lock:
+            learned = dict(self._learned.get(model, {}))
+        out = []
+        for param, repl in learned.items():
+            if param in kwargs:
+                value = kwargs.pop(param)
+                if repl is not None and repl not in kwargs:
+                    kwargs[repl] = value
+                out.append(f"{param} -> {repl or 'dropped'} (learned)")
+        return out
+
+    def _adapt(self, model: str, kwargs: dict, exc, changed: set) -> str | None:
+        """If ``exc`` is a 400/422 rejecting a parameter ``kwargs`` holds, change ``kwargs``
+        (each parameter at most once per call) and return what changed, else None."""
+        if getattr(exc, "status_code", None) not in (400, 422):
+            return None
+        body = getattr(exc, "body", None)
+        msg = str(getattr(exc, "message", "") or exc)
+        if isinstance(body, dict):
+            msg += " " + str(body.get("message") or "") + " " + str(body.get("detail") or "")
+        elif body is not None:
+            msg += " " + str(body)
+        sent = [p for p in _ADAPTABLE if p in kwargs and p not in changed]
+        param = getattr(exc, "param", None)
+        if param not in sent:
+            if not _REJECTS.search(msg):
+                return None
+            found = [(m.start(), p) for p in sent
+                     for m in [re.search(rf"(?<![A-Za-z_]){p}(?![A-Za-z_])", msg)] if m]
+            if not found:
+                return None
+            param = min(found)[1]
+        changed.add(param)
+        value = kwargs.pop(param)
+        other = {"max_tokens": "max_completion_tokens",
+                 "max_completion_tokens": "max_tokens"}.get(param)
+        repl = other if other and other not in changed and other not in kwargs else None
+        if repl is not None:
+            kwargs[repl] = value
+            changed.add(repl)
+        with self._init_lock:
+            self._learned.setdefault(model, {})[param] = repl
+        return f"{param} -> {repl or 'dropped'}"
+
+    # usage -----------------------------------------------------------------------------
+    def _estimate(self, messages: list[dict], raw: str, reasoning: str, pt, ct) -> tuple[int, int]:
+        """Token counts for a reply that reported none (tiktoken, o200k_base); warns once."""
+        from .tokens import count_messages, count_tokens
+        with self._init_lock:
+            warn, self._warned_usage = not self._warned_usage, True
+        if warn:
+            log.warning("model endpoint %s sent no token usage: counting prompt and completion "
+                        "tokens locally with tiktoken; usage and cost are estimates, and every "
+                        "cap is enforced on them", self.base_url)
+        if pt is None or (not pt and not ct):
+            pt = count_messages(messages)
+        if ct is None or not ct:
+            ct = count_tokens(raw) + count_tokens(reasoning)
+        return int(pt), int(ct)
 
 
 def _short(exc: BaseException) -> str:

@@ -10,6 +10,10 @@ is refused with a message that says what to do:
 - a binary file (NUL bytes in the first 64 KiB): ``ContextError``
 - bytes that do not decode: ``ContextError`` naming the byte offset and
   suggesting ``--encoding latin-1`` (or the file's real encoding)
+
+Text UTF-8 cannot encode (a lone surrogate: a ``"\ud83d"`` escape in a JSON file, half
+an emoji in a Python value) follows the one text policy of :mod:`harness.text`: it
+becomes U+FFFD in the context the kernel sees and in the context's hash, and the run goes on.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from harness.text import clean, clean_text
 
 from .errors import ContextError
 from .tokens import estimate_tokens
@@ -80,6 +86,7 @@ def _decode(data: bytes, source: str, encoding: str) -> str:
             "re-run with --encoding latin-1 (or the file's real encoding)") from None
     except LookupError:
         raise ContextError(f"unknown encoding {encoding!r}") from None
+    text = clean_text(text)  # some codecs (utf-7...) can decode to lone surrogates
     return text[1:] if text.startswith("\ufeff") else text
 
 
@@ -107,14 +114,14 @@ def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None =
             json.dumps(source)
         except (TypeError, ValueError) as exc:
             raise ContextError(f"context must be JSON-like (str, list, dict): {exc}") from None
-        return _write(source, "json", "<value>", scratch_dir)
+        return _write(clean(source), "json", "<value>", scratch_dir)
     if isinstance(source, bytes):
         _check_bytes(source, "<bytes>")
         source = _decode(source, "<bytes>", encoding)
     if isinstance(source, str):
         if not source.strip():
             raise ContextError("context is empty; give the text to work on")
-        return _write(source, "text", "<value>", scratch_dir)
+        return _write(clean_text(source), "text", "<value>", scratch_dir)
     raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
 
 
@@ -148,11 +155,12 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         if not value or (isinstance(value, str) and not value.strip()):
             raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
                                "give the data to work on")
-        if isinstance(value, str):
-            return _write(value, "text", source, scratch_dir)
-        if path != "-" and encoding.lower().replace("-", "") in ("utf8", "utf8sig"):
+        cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
+        if isinstance(cleaned, str):
+            return _write(cleaned, "text", source, scratch_dir)
+        if path != "-" and cleaned is value and encoding.lower().replace("-", "") in ("utf8", "utf8sig"):
             return LoadedContext(value, "json", os.path.abspath(path), False, source)
-        return _write(value, "json", source, scratch_dir)
+        return _write(cleaned, "json", source, scratch_dir)
     if path != "-" and encoding.lower().replace("-", "") == "utf8" and not text.startswith("\ufeff") \
             and len(text.encode("utf-8")) == len(data):
         return LoadedContext(text, "text", os.path.abspath(path), False, source)

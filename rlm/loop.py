@@ -10,9 +10,9 @@ loop's :class:`~rlm.subcalls.Subcalls` through the bridge while a cell runs.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 
+from harness.control import CancelScope, Task
 from harness.stages import Kind, Status
 from kernels.bridge import Registration
 from kernels.kernel import CellResult, Kernel, KernelDied
@@ -21,9 +21,9 @@ from kernels.protocol import FINAL_EXPR, FINAL_KEY, bind_code, parse_final
 from . import prompts
 from .context import LoadedContext, describe
 from .errors import KernelError
-from .parsing import code_blocks, prose_final
+from .parsing import parse_reply
 from .run_tree import RunTree
-from .subcalls import Subcalls
+from .subcalls import Subcalls, interrupt_note
 
 
 @dataclass
@@ -51,11 +51,16 @@ class RLMLoop:
         level: its depth level (int; root = 0).
         context: the loaded context; ``query``: the question (str | None).
         model: the model that drives this loop (str).
+        scope: the cancel scope it runs under (the cell that started a child; default the
+            run's); the loop works in a scope of its own below it, each cell in one below that.
     """
 
     def __init__(self, run: RunTree, stage_id: str, level: int, context: LoadedContext,
-                 query: str | None, model: str) -> None:
+                 query: str | None, model: str, scope: CancelScope | None = None) -> None:
         self.run_tree, self.stage_id, self.level = run, stage_id, level
+        self.scope = (scope or run.scope).child(stage_id)
+        self.cell_scope: CancelScope | None = None
+        self.task: Task | None = run.scheduler.current()  # a child's slot in the scheduler
         self.context, self.query, self.model = context, query, model
         self.subcalls = Subcalls(self)
         self.kernel: Kernel | None = None
@@ -64,7 +69,7 @@ class RLMLoop:
         self.restarts = 0
         self.iterations = 0
         self.last_reply: str | None = None
-        self._kernel_future: Future | None = None
+        self._kernel_future: Task | None = None
         self._closed = False
         run.loops.append(self)
 
@@ -90,7 +95,7 @@ class RLMLoop:
                                        template=opts.system_template)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": prompts.first_user(self.query)}]
-        self._kernel_future = self.run_tree.executor.submit(self._new_kernel)
+        self._kernel_future = self.run_tree.spawn(self._new_kernel)
         turns = max(1, opts.budget.max_iterations)
         for i in range(turns + 1):
             if i == turns:
@@ -107,14 +112,24 @@ class RLMLoop:
         run = self.run_tree
         with run.stage(self.stage_id, Kind.iteration, self.level, model=self.model) as it:
             self.iterations += 1
-            reply = run.model_call(it.id, self.level, messages, self.model,
-                                   run.opts.max_completion_tokens).text
+            comp = run.model_call(it.id, self.level, messages, self.model,
+                                  run.opts.max_completion_tokens, scope=self.scope)
+            # reasoning is never code: only the reply's visible text is parsed and kept in
+            # the conversation; a reply cut at the output-token limit never runs its
+            # unclosed last block, and the model is told
+            parsed = parse_reply(comp.text, cut=comp.cut)
+            reply = parsed.text
             self.last_reply = reply
             messages.append({"role": "assistant", "content": reply})
-            blocks = code_blocks(reply)
-            run.progress(f"level {self.level} iteration {i + 1}: {len(blocks)} code block(s)")
+            blocks = parsed.code_blocks(cut=comp.cut)
+            cut_note = (prompts.cut_reply(run.opts.max_completion_tokens,
+                                          parsed.unclosed_code()) if comp.cut else None)
+            run.progress(f"level {self.level} iteration {i + 1}: {len(blocks)} code block(s)"
+                         + (" (reply cut at the output-token limit)" if comp.cut else ""))
             if not blocks:
-                note = prompts.PROSE_FINAL if prose_final(reply) else prompts.NO_CODE
+                note = prompts.PROSE_FINAL if parsed.prose_final() else prompts.NO_CODE
+                if cut_note:
+                    note = cut_note if parsed.unclosed_code() else cut_note + " " + note
                 messages.append({"role": "user", "content": note})
                 it.evidence = note
                 return None
@@ -122,6 +137,8 @@ class RLMLoop:
             if answer is not None:
                 it.evidence = answer
                 return answer
+            if cut_note:
+                feedback.append(cut_note)
             messages.append({"role": "user", "content": "\n\n".join(feedback)})
             it.evidence = feedback[-1][:2000]
             return None
@@ -136,11 +153,14 @@ class RLMLoop:
         feedback: list[str] = []
         for j, code in enumerate(blocks):
             with run.stage(iteration, Kind.cell, self.level) as cell:
-                self.current_cell = cell.id
+                # the cell's sub-calls work under its scope: its interrupt cancels them
+                cell_scope = self.scope.child(cell.id)
+                self.current_cell, self.cell_scope = cell.id, cell_scope
                 try:
-                    res = self.run_cell(code)
+                    res = self.run_cell(code, cell_scope)
                 finally:
-                    self.current_cell = None
+                    self.current_cell, self.cell_scope = None, None
+                    cell_scope.close()
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = {"code": code, "output": out, "final": res.final,
                                  "timed_out": res.timed_out, "died": res.died}
@@ -150,9 +170,11 @@ class RLMLoop:
                 opts.journal.record_cell(run.run_id, cell.id, code,
                                          {"output": out, "error": res.error, "final": res.final})
             feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
-                                                  res.died, opts.cell_timeout))
+                                                  res.died, opts.cell_timeout)
+                            + interrupt_note(cell_scope))
             if run.fatal is not None:
                 raise run.fatal
+            run.check_scope(self.scope)  # the run's wall cap, or the parent cell's interrupt
             if res.final is not None:
                 return feedback, res.final
             left = run.deadline_left()
@@ -168,7 +190,9 @@ class RLMLoop:
             self.reg = run.bridge.register(kernel.pid, self)
         else:
             run.bridge.update_pid(self.reg.token, kernel.pid)
-        code = bind_code(run.bridge.path, self.reg.token, self.context.path, self.context.fmt)
+        # a kernel running as another user (root host) reads a private copy of the context
+        path = kernel.share_file(self.context.path) if self.context.path else None
+        code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt)
         res, _ = kernel.execute(code, timeout=120)
         if res.error:
             raise KernelError(f"could not load the context into the kernel: {res.error}")
@@ -190,30 +214,50 @@ class RLMLoop:
         """
         if self.kernel is None:
             if self._kernel_future is not None:
-                fut, self._kernel_future = self._kernel_future, None
+                fut = self._kernel_future
+                while not fut.wait(0.1):  # a kernel start never outlives the wall cap
+                    self.run_tree.check_scope(self.scope)
+                self._kernel_future = None
                 self.kernel = fut.result()
             else:
                 self.kernel = self._new_kernel()
         return self.kernel
 
-    def run_cell(self, code: str) -> CellResult:
-        """Run one block, bounded by the cell timeout and the wall cap.
+    def run_cell(self, code: str, scope: CancelScope | None = None) -> CellResult:
+        """Run one block, bounded by the cell timeout, the wall cap and ``scope``.
 
-        A dead kernel is restarted (``context`` bound again) and the block reported as
-        ``died``; an error raised after ``FINAL`` in the same block keeps the answer.
+        At its timeout (or when ``scope`` is cancelled from above) the cell is interrupted and
+        ``scope`` cancelled (the sub-calls it started stop: see :mod:`rlm.subcalls`); a cell
+        that ignores the interrupt has its kernel killed. A dead kernel is restarted
+        (``context`` bound again) and the block reported as ``died``, unless the run or this
+        loop is ending; an error raised after ``FINAL`` in the same block keeps the answer.
 
         Raises:
             KernelError: the kernel died more than ``max_kernel_restarts`` times.
+            BudgetExceeded, Cancelled: the wall cap or a parent's interrupt ended the loop.
         """
+        run = self.run_tree
+        scope = scope or self.scope
         kernel = self.ensure_kernel()
-        timeout = self.run_tree.opts.cell_timeout
-        left = self.run_tree.deadline_left()
+        timeout = run.opts.cell_timeout
+        left = run.deadline_left()
+        grace = 3.0
         if left is not None:
+            if not timeout or left <= timeout:
+                grace = 1.0  # the wall cap is what ends this cell: no long wait for it
             timeout = max(0.05, min(timeout, left)) if timeout else max(0.05, left)
         try:
             res, exprs = kernel.execute(code, timeout=timeout,
-                                        user_expressions={FINAL_KEY: FINAL_EXPR})
+                                        user_expressions={FINAL_KEY: FINAL_EXPR}, stop=scope,
+                                        grace=grace,
+                                        on_interrupt=lambda: scope.cancel("interrupted"))
         except KernelDied as exc:
+            scope.cancel("interrupted")
+            if self.scope.cancelled or run.deadline_left() == 0.0:
+                self.run_tree.pool.release(kernel)
+                self.kernel = None
+                run.check_scope(self.scope)
+                run.accountant.check_wall()
             return self._restart(kernel, exc)
         res.final = parse_final(exprs)
         if res.error and res.final is None:
@@ -240,11 +284,19 @@ class RLMLoop:
         if self._closed:
             return
         self._closed = True
-        if self._kernel_future is not None:
-            try:
-                self.kernel = self.kernel or self._kernel_future.result(timeout=30)
-            except Exception:
-                pass
+        self.scope.cancel("closed")  # whatever this loop's kernel still asks for is refused
+        self.scope.close()
+        fut, self._kernel_future = self._kernel_future, None
+        if fut is not None:
+            # never wait for a kernel still starting: it is shut down when it is ready
+            def drop(task: Task) -> None:
+                try:
+                    k = task.result()
+                except BaseException:
+                    return
+                if k is not self.kernel:
+                    self.run_tree.pool.release(k)
+            fut.add_done_callback(drop)
         if self.reg is not None:
             self.run_tree.bridge.unregister(self.reg.token)
         if self.kernel is not None:

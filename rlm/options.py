@@ -56,6 +56,8 @@ class Options:
         journal: a :class:`harness.journal.Journal` or None (no journal).
         divergence: ``"stop"`` (default) or ``"live"``: what resume does when a
             recorded call's request differs from the new one.
+        listeners: extra :class:`harness.stages.StageTree` listeners (after the journal's),
+            e.g. the live view or the OpenTelemetry exporter; they must not raise.
 
     The keyword options that fill these attributes, with their units, ranges and CLI flags, are
     declared in :data:`OPTIONS` (:func:`rlm.run_config.build_options`); the defaults here are the registry's
@@ -83,6 +85,7 @@ class Options:
     embedded: bool = False
     system_template: str | None = None
     on_progress: Callable[[str], None] | None = None
+    listeners: list | None = None
 
 
 #: The embedded model used when no endpoint is configured and none is named (the one spelling of
@@ -347,6 +350,9 @@ OPTIONS: tuple[Option, ...] = (
            doc="system prompt template replacing `rlm.prompts.SYSTEM` (same `{fields}`)"),
     Option("on_progress", None, object,
            doc="callable taking one progress line (str); the CLI prints them unless `-q`"),
+    Option("listeners", None, list,
+           doc="extra stage-tree listeners (callables taking one event dict), after the "
+               "journal's: the live view and the OpenTelemetry exporter use it"),
 )
 
 #: Every accepted keyword name (frozenset of str).

@@ -113,6 +113,18 @@ NO_CODE = ("Your reply had no ```repl code block, so nothing ran. Write Python c
 PROSE_FINAL = ("You wrote FINAL in plain text, which does not end the work. Call FINAL(answer) "
                "inside a ```repl code block so it is executed.")
 
+CUT_REPLY = ("Your reply was cut off at the output-token limit ({max_tokens:,} tokens){what}. "
+             "Write a shorter reply: one short ```repl block, closed with ```, and little text "
+             "around it.")
+
+
+def cut_reply(max_tokens: int, unclosed_block: bool) -> str:
+    """What the model is told when its reply stopped at the output-token limit."""
+    what = (" before its last ```repl block was closed, so that block was not run"
+            if unclosed_block else "")
+    return CUT_REPLY.format(max_tokens=max_tokens, what=what)
+
+
 LAST_TURN = ("This is your last turn. Call FINAL(answer) in a ```repl block now with your best "
              "answer from what you found so far.")
 

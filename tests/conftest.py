@@ -229,3 +229,14 @@ def assert_clean_error(res: CLIResult, rc: int, *needles: str) -> None:
     assert len(errs) == 1, res.stderr
     for n in needles:
         assert re.search(n, errs[0], re.IGNORECASE), (n, errs[0])
+
+
+@pytest.fixture(scope="session")
+def trajectory(tmp_path_factory):
+    """The run the viewer, live-view and OpenTelemetry tests look at (``trajectory_run``),
+    journaled once per session: ``(journal_path, run_id, result)``."""
+    import trajectory_run
+    journal = tmp_path_factory.mktemp("trajectory") / "journal.sqlite3"
+    run_id, res = trajectory_run.make_run(journal)
+    assert res.status == "completed" and res.answer == trajectory_run.ANSWER, res
+    return journal, run_id, res

@@ -8,6 +8,8 @@ calls never reached the server".
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +22,11 @@ class Reply:
     """One scripted answer: ``content`` with HTTP ``status`` (200, 429, 500...).
 
     ``delay`` seconds before answering; ``headers`` extra (e.g. Retry-After);
-    ``usage`` overrides the default usage (prompt tokens ~ chars/4).
+    ``usage`` overrides the default usage (prompt tokens ~ chars/4); ``omit_usage`` sends a
+    reply with no ``usage`` at all (as some endpoints do); ``finish_reason`` is sent as is
+    (``"length"``: the reply was cut at the output-token limit); ``message`` adds fields to the
+    reply's message (e.g. ``{"reasoning_content": "..."}``); ``error`` adds fields to an error
+    reply's ``error`` object (e.g. ``{"param": "max_tokens", "code": "unsupported_parameter"}``).
     """
 
     content: str = ""
@@ -29,6 +35,16 @@ class Reply:
     headers: dict = field(default_factory=dict)
     usage: dict | None = None
     cost: float | None = None
+    omit_usage: bool = False
+    # ways a server holds a call open: never answer (until the server stops), close the
+    # connection with a reset and no answer, or send the answer (status line, headers and body)
+    # one byte every ``trickle`` seconds
+    hang: bool = False
+    reset: bool = False
+    trickle: float = 0.0
+    finish_reason: str | None = "stop"
+    message: dict = field(default_factory=dict)
+    error: dict = field(default_factory=dict)
 
 
 def last_user(req: dict) -> str:
@@ -60,6 +76,7 @@ class ScriptedServer:
         self.usages: list[dict] = []
         self.call_ids: list[str | None] = []  # X-RLM-Call-Id of each request, in arrival order
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -88,30 +105,62 @@ class ScriptedServer:
                     rep = Reply(content=rep)
                 if outer.latency or rep.delay:
                     time.sleep(outer.latency + rep.delay)
+                if rep.hang:
+                    outer._closing.wait()
+                    self.close_connection = True
+                    return
+                if rep.reset:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    return
+                self._trickle = rep.trickle
                 if rep.status != 200:
-                    body = json.dumps({"error": {"message": rep.content or "scripted error",
-                                                 "type": "scripted", "code": rep.status}})
+                    err = {"message": rep.content or "scripted error", "type": "scripted",
+                           "code": rep.status}
+                    err.update(rep.error)
+                    body = json.dumps({"error": err})
                     self._send(rep.status, body.encode(), rep.headers)
                     return
                 prompt_chars = sum(len(str(m.get("content") or "")) for m in req.get("messages", []))
                 usage = rep.usage or {"prompt_tokens": max(1, prompt_chars // 4),
                                       "completion_tokens": max(1, len(rep.content) // 4)}
                 usage = dict(usage)
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                if isinstance(pt, int) and isinstance(ct, int):
+                    usage["total_tokens"] = pt + ct
                 if rep.cost is not None:
                     usage["cost"] = rep.cost
                 with outer._lock:
-                    outer.usages.append(usage)
+                    outer.usages.append({} if rep.omit_usage else usage)
+                message = {"role": "assistant", "content": rep.content}
+                message.update(rep.message)
                 body = {
                     "id": f"chatcmpl-{len(outer.requests)}", "object": "chat.completion",
                     "created": int(time.time()), "model": req.get("model", "scripted"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": rep.content}}],
-                    "usage": usage,
+                    "choices": [{"index": 0, "finish_reason": rep.finish_reason,
+                                 "message": message}],
                 }
+                if not rep.omit_usage:
+                    body["usage"] = usage
                 self._send(200, json.dumps(body).encode(), rep.headers)
 
             def _send(self, status, body, headers):
+                if getattr(self, "_trickle", 0.0):
+                    raw = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n"
+                           + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                           + "\r\n").encode() + body
+                    for i in range(len(raw)):
+                        if outer._closing.wait(self._trickle):
+                            break
+                        try:
+                            self.wfile.write(raw[i:i + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            break
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -131,6 +180,7 @@ class ScriptedServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -138,3 +188,29 @@ class ScriptedServer:
     def count(self) -> int:
         with self._lock:
             return len(self.requests)
+
+
+#: The 400s OpenAI's API sends to reasoning models (o1/o3/o4-mini/gpt-5) for the parameters
+#: they reject, as published: ``max_tokens`` (use ``max_completion_tokens``) and any
+#: ``temperature`` but the default 1.
+UNSUPPORTED_MAX_TOKENS = Reply(
+    status=400, content="Unsupported parameter: 'max_tokens' is not supported with this model. "
+                        "Use 'max_completion_tokens' instead.",
+    error={"type": "invalid_request_error", "param": "max_tokens",
+           "code": "unsupported_parameter"})
+UNSUPPORTED_TEMPERATURE = Reply(
+    status=400, content="Unsupported value: 'temperature' does not support 0.0 with this model. "
+                        "Only the default (1) value is supported.",
+    error={"type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"})
+
+
+def reasoning_endpoint(responder: Callable[[dict], Reply | str]) -> Callable[[dict], Reply | str]:
+    """Wrap ``responder`` so requests behave like OpenAI's reasoning models: ``max_tokens``
+    and a temperature other than 1 are answered with those 400s."""
+    def wrapped(req: dict):
+        if "max_tokens" in req:
+            return UNSUPPORTED_MAX_TOKENS
+        if req.get("temperature") not in (None, 1, 1.0):
+            return UNSUPPORTED_TEMPERATURE
+        return responder(req)
+    return wrapped

@@ -27,7 +27,7 @@ from rlm.run_config import build_options, replay_options, resume_options, stored
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: README rows of flags that are not keyword options (the CLI defines them itself).
-CLI_ONLY_ROWS = {"--context", "--query", "--json", "-v"}
+CLI_ONLY_ROWS = {"--context", "--query", "--json", "-v", "--plain", "--otel"}
 ENDPOINT = Endpoint("http://127.0.0.1:9/v1", "k", "m")
 
 

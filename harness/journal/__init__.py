@@ -10,6 +10,9 @@ One SQLite file (WAL mode, ``synchronous=NORMAL``) holds everything resume and r
 - ``model_calls``: every model request and response keyed ``(run_id, call_id)`` with the
   request's hash, so a resumed run can serve a call from the journal only when the request matches.
 - ``cells``: every executed cell's code and output, append-only.
+- ``spend``: the spend ledger, append-only: each model call's reservation (written before the call
+  is sent), then its settlement or release, so a resumed run starts from what every earlier
+  attempt spent, in-flight calls of a killed process included.
 
 Durability: every write is its own short transaction. With WAL and ``synchronous=NORMAL`` a
 committed transaction survives a crash of the process (SIGKILL included); a power loss may lose the
@@ -33,6 +36,7 @@ Where things are (each module's docstring says more)::
     journal.py   Journal: the class callers use, assembled from the classes below
     runs.py      run records: create, claim, heartbeat (Heartbeat), finish, read; owner liveness
     records.py   stage transitions (events, stages), model calls, cells
+    spend.py     the spend ledger (record_spend, spend)
     export.py    export_jsonl: one run as JSON Lines
     store.py     Store (the operations the records need) and SQLiteStore (file, WAL, lock, fork,
                  error translation); default_journal_path

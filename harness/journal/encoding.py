@@ -7,7 +7,10 @@
   ``dumps`` also accepts ``Path`` (as ``str``), ``set``/``frozenset`` (as a list sorted by
   ``repr``) and ``bytes`` (decoded as UTF-8, undecodable bytes replaced).
 
-This module imports only the standard library.
+Text UTF-8 cannot encode (lone surrogates) follows the one text policy of :mod:`harness.text`
+in both: it becomes U+FFFD, so the journal never fails to store a value.
+
+This module imports only the standard library and :mod:`harness.text`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from harness.text import clean_text
 
 __all__ = ["request_hash", "dumps", "loads"]
 
@@ -30,7 +35,7 @@ def request_hash(request: dict) -> str:
         TypeError: ``request`` holds a value JSON cannot encode.
     """
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(clean_text(text).encode("utf-8")).hexdigest()
 
 
 def dumps(value: Any) -> str:
@@ -41,7 +46,8 @@ def dumps(value: Any) -> str:
             ``frozenset`` and ``bytes``, which are converted).
         ValueError: ``value`` contains a circular reference.
     """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    return clean_text(json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                                 default=_json_default))
 
 
 def _json_default(obj: Any) -> Any:

@@ -8,6 +8,8 @@ Each group of methods lives with the records it writes::
       StageRecords      records.py   record_event, stages, events
       ModelCallRecords  records.py   record_model_call, lookup_model_call, model_calls
       CellRecords       records.py   record_cell, cells
+      SpendRecords      spend.py     record_spend, spend (the spend ledger: reservations
+                                     before sending, settlements, releases)
       JsonlExport       export.py    export_jsonl
       SQLiteStore       store.py     the file, its connection and lock, close, integrity_check
 
@@ -18,12 +20,14 @@ from __future__ import annotations
 from harness.journal.export import JsonlExport
 from harness.journal.records import CellRecords, ModelCallRecords, StageRecords
 from harness.journal.runs import RunRecords
+from harness.journal.spend import SpendRecords
 from harness.journal.store import SQLiteStore
 
 __all__ = ["Journal"]
 
 
-class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, JsonlExport, SQLiteStore):
+class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendRecords, JsonlExport,
+              SQLiteStore):
     """An append-only journal of runs in one SQLite file. Thread-safe; multi-process safe.
 
     Args:

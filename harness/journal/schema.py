@@ -18,7 +18,13 @@ Tables (times are unix seconds, ``REAL``; JSON columns hold compact UTF-8 JSON t
   strictly increasing;
 - ``model_calls``: every model request and response, keyed ``(run_id, call_id)``, with the
   request's hash;
-- ``cells``: every executed cell's code and output, append-only (triggers as for ``events``).
+- ``cells``: every executed cell's code and output, append-only (triggers as for ``events``);
+- ``spend`` (version 2): the spend ledger, append-only (triggers as for ``events``): every
+  reservation of a model call, written *before* the call is sent, then its settlement or release,
+  so a resumed run knows what its earlier attempts spent, including calls that were in flight
+  when the process died.
+
+Versions: 1 (runs, stages, events, model_calls, cells); 2 adds ``spend``.
 
 To change the schema: write ``_migrate_<v>_to_<v+1>(conn)``, register it as
 ``_MIGRATIONS[v]`` and bump ``SCHEMA_VERSION``. The functions here read ``SCHEMA_VERSION`` and
@@ -37,7 +43,7 @@ from harness.journal.errors import JournalSchemaError
 __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "inspect", "is_current", "check", "upgrade"]
 
 #: The schema version this code writes, stored in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: ``PRAGMA application_id`` of an rlm journal ("RLMJ"), so a foreign SQLite file is recognised.
 APPLICATION_ID = 0x524C4D4A
 
@@ -125,9 +131,42 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
+_SPEND_V2 = """
+CREATE TABLE spend (
+    seq               INTEGER PRIMARY KEY,  -- strictly increasing: rows are never deleted
+    run_id            TEXT NOT NULL,
+    call_id           TEXT NOT NULL,        -- the model call's stage id
+    reservation       TEXT NOT NULL,        -- unique over every attempt of every run
+    event             TEXT NOT NULL,        -- reserved (before sending), settled, released
+    model             TEXT,
+    calls             INTEGER NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_usd          REAL NOT NULL,
+    detail            TEXT,                 -- JSON: the estimate behind a reservation
+    created_at        REAL NOT NULL         -- unix seconds
+);
+CREATE INDEX spend_by_run ON spend(run_id, seq);
+CREATE TRIGGER spend_no_update BEFORE UPDATE ON spend
+    BEGIN SELECT RAISE(ABORT, 'journal spend is append-only'); END;
+CREATE TRIGGER spend_no_delete BEFORE DELETE ON spend
+    BEGIN SELECT RAISE(ABORT, 'journal spend is append-only'); END;
+"""
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Version 2 adds the append-only ``spend`` ledger (reservations before sending, then
+    settlements). A version-1 journal has none: its runs resume from the spend of their
+    ``model_calls`` (see ``SpendRecords.spend``)."""
+    for statement in _SPEND_V2.split(";\n"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 #: ``_MIGRATIONS[v]`` upgrades a journal from version ``v`` to ``v + 1`` inside the open
 #: transaction. Add one entry per schema change and bump ``SCHEMA_VERSION``.
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _migrate_0_to_1,
+                                                                 1: _migrate_1_to_2}
 
 
 def inspect(conn: sqlite3.Connection) -> tuple[int, int, list[str]]:

@@ -1,0 +1,252 @@
+"""Who a kernel runs as, and how it is started so that nothing it starts outlives it.
+
+Every kernel is started under a small supervisor process (:mod:`kernels.supervisor`, standard
+library only) that:
+
+* is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): a process a cell starts stays
+  its descendant even if it leaves the kernel's process group or session
+  (``start_new_session=True``, ``setsid``, a double fork), because an orphan is re-parented
+  to the nearest subreaper instead of to init;
+* kills every descendant (walking ``/proc`` until none is left, so processes forked while it
+  kills are caught too) when the kernel exits, when the host asks (SIGTERM, sent by
+  :meth:`kernels.kernel.Kernel.shutdown`), or when the host process dies (even by SIGKILL);
+* keeps ``no_new_privs`` on the kernel (``prctl(PR_SET_NO_NEW_PRIVS)``: no set-uid program
+  run by a cell gains privileges) and kills it if the supervisor itself dies
+  (``PR_SET_PDEATHSIG``).
+
+**Unprivileged kernels.** When the host runs as root (containers, CI), a kernel running as
+root could read the host's memory and environment (``/proc/<pid>/mem``, ``environ``) or
+ptrace it, and so read the API key. So, when the host's effective uid is 0, the supervisor
+runs the kernel as an unprivileged user: :envvar:`RLM_KERNEL_USER` (a user name or a numeric
+uid), ``nobody`` by default (uid/gid 65534 if the system has no such entry). Set
+``RLM_KERNEL_USER=root`` to keep root kernels. A non-root host runs kernels as itself (it
+cannot switch users; asking it to is an error). An unprivileged kernel:
+
+* gets its working directory and its Jupyter connection file chowned to it, ``HOME`` set to
+  its working directory, the bridge socket through group permission (:mod:`kernels.bridge`),
+  and a private copy of its context file (:meth:`kernels.kernel.Kernel.share_file`);
+* needs to reach the Python interpreter, the standard library, site-packages and this
+  project. A directory on those paths that it may not enter (typically ``/root`` holding a
+  pyenv interpreter) is covered, in a private mount namespace of the kernel only, by an
+  empty tmpfs into which just the needed entries are bind-mounted back (the rest of that
+  directory stays invisible to the kernel). This needs ``CAP_SYS_ADMIN``; without it the
+  kernel cannot start and the error says which path to open up or to set
+  ``RLM_KERNEL_USER=root``.
+
+If the supervisor itself is killed before it can clean up (only possible from outside, or
+from a kernel running as the host's own user), the host kills, at the kernel's shutdown, every
+process whose environment still holds the kernel's tag (:data:`TAG_VAR`, :func:`kill_tagged`).
+
+Linux only (prctl, /proc); elsewhere kernels start without a supervisor.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import shutil
+import site
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["ENV_VAR", "TAG_VAR", "Identity", "KernelUserError", "kernel_identity", "kill_tagged",
+           "reveal_plan", "supervised_argv", "supervisor_available", "share_file"]
+
+#: The environment variable naming the user kernels run as when the host is root.
+ENV_VAR = "RLM_KERNEL_USER"
+
+#: The user kernels run as when the host is root and :data:`ENV_VAR` is not set.
+DEFAULT_USER = "nobody"
+
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
+
+
+class KernelUserError(RuntimeError):
+    """:data:`ENV_VAR` names a user that does not exist, or the host cannot switch to it."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The unprivileged user a kernel runs as. Attributes: uid, gid (int), name (str)."""
+
+    uid: int
+    gid: int
+    name: str
+
+
+def supervisor_available() -> bool:
+    """True where kernels run under :mod:`kernels.supervisor` (Linux with /proc)."""
+    return sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+
+
+def kernel_identity(environ=None) -> Identity | None:
+    """The user kernels run as, or None to run them as the host's own user.
+
+    Reads :data:`ENV_VAR` from ``environ`` (default ``os.environ``): a user name or numeric
+    uid. Unset or empty: ``nobody`` when the host's effective uid is 0, else None. ``root``,
+    ``0`` or the host's own user: None.
+
+    Raises:
+        KernelUserError: no such user; or a non-root host was asked to switch users.
+    """
+    env = os.environ if environ is None else environ
+    spec = (env.get(ENV_VAR) or "").strip()
+    euid = os.geteuid()
+    if not spec:
+        if euid != 0 or not supervisor_available():
+            return None
+        spec = DEFAULT_USER
+    try:
+        entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
+        ident = Identity(entry.pw_uid, entry.pw_gid, entry.pw_name)
+    except KeyError:
+        if spec.isdigit():
+            ident = Identity(int(spec), int(spec), spec)
+        elif spec == DEFAULT_USER:
+            ident = Identity(65534, 65534, spec)
+        else:
+            raise KernelUserError(f"{ENV_VAR}={spec!r}: no such user on this system; name an "
+                                  "existing user (e.g. nobody), or root to run kernels as root") from None
+    if ident.uid == euid:
+        return None
+    if euid != 0:
+        raise KernelUserError(f"{ENV_VAR}={spec!r}: only a host running as root can start kernels "
+                              f"as another user (this one runs as uid {euid}); unset it")
+    if not supervisor_available():
+        raise KernelUserError(f"{ENV_VAR} needs Linux (the kernel supervisor uses prctl and /proc)")
+    return ident
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _may(st: os.stat_result, ident: Identity, bit: int) -> bool:
+    """Mode-bit check of ``bit`` (4 read, 1 search/execute) for ``ident`` (no supplementary groups)."""
+    if st.st_uid == ident.uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid == ident.gid:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def _needed_paths(extra: Iterable[str] = ()) -> list[str]:
+    """What an unprivileged kernel must reach: interpreter, stdlib, site-packages, this project."""
+    paths = [sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir()]
+    try:
+        paths += site.getsitepackages()
+    except Exception:
+        pass
+    paths += [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    paths += list(extra)
+    out: list[str] = []
+    for p in paths:
+        for q in (os.path.abspath(p), os.path.realpath(p)):
+            if os.path.exists(q) and q not in out:
+                out.append(q)
+    return out
+
+
+def reveal_plan(ident: Identity, extra: Iterable[str] = ()) -> list[list]:
+    """The directories ``ident`` may not enter on the way to what a kernel needs.
+
+    Returns ``[[directory, [entry names to bind back]], ...]``, shallowest first (empty when
+    everything is reachable): :mod:`kernels.supervisor` covers each directory with an empty
+    tmpfs in the kernel's own mount namespace and bind-mounts those entries back.
+    """
+    plan: dict[str, set[str]] = {}
+    for path in _needed_paths(extra):
+        parts = path.strip("/").split("/")
+        cur = "/"
+        for name in parts:
+            try:
+                st = os.stat(cur)
+            except OSError:
+                break
+            if not _may(st, ident, 1):
+                plan.setdefault(cur, set()).add(name)
+            cur = os.path.join(cur, name)
+    return [[d, sorted(names)] for d, names in sorted(plan.items(), key=lambda kv: kv[0].count("/")
+                                                      if kv[0] != "/" else 0)]
+
+
+_PLANS: dict[Identity, list] = {}
+
+
+def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
+                    ident: Identity | None, own_dir: bool = False) -> list[str]:
+    """``argv`` (a kernel command line) wrapped to run under :mod:`kernels.supervisor`.
+
+    Args:
+        argv: the kernel's command (``[python, -m, ipykernel_launcher, -f, {connection_file}]``).
+        workdir: the kernel's working directory (chowned to ``ident``; its ``HOME``).
+        connection_file: the Jupyter connection file (chowned to ``ident``).
+        ident: the user to run as, or None for the host's own user.
+        own_dir: ``workdir`` is a temporary directory of ours: the supervisor removes it if
+            the host dies (else the host does at shutdown).
+    """
+    conf: dict = {"errfile": os.path.join(workdir, ".supervisor-error"),
+                  "own_dir": workdir if own_dir else None}
+    if ident is not None:
+        if ident not in _PLANS:
+            _PLANS[ident] = reveal_plan(ident)
+        conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=workdir,
+                    chown=[workdir, connection_file], reveal=_PLANS[ident])
+    blob = base64.urlsafe_b64encode(json.dumps(conf).encode()).decode()
+    return [sys.executable, "-I", "-S", _SUPERVISOR, blob, "--", *argv]
+
+
+#: The environment variable that tags every process of one kernel (see :func:`kill_tagged`).
+TAG_VAR = "RLM_KERNEL_TAG"
+
+
+def kill_tagged(tag: str, rounds: int = 20) -> int:
+    """SIGKILL every process whose environment holds ``TAG_VAR=tag``; returns how many.
+
+    The fallback for a kernel whose supervisor died before it could clean up (killed from
+    outside, or by a cell of a kernel running as the host's own user): its descendants
+    inherited the tag. A process that replaced its whole environment is not found.
+    """
+    import signal
+    needle = f"{TAG_VAR}={tag}".encode() + b"\0"
+    killed = 0
+    for _ in range(rounds):
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = b"\0" + f.read() + b"\0"
+                if b"\0" + needle in env:
+                    os.kill(int(name), signal.SIGKILL)
+                    found += 1
+            except OSError:
+                continue
+        killed += found
+        if not found:
+            break
+    return killed
+
+
+def share_file(path: str, workdir: str, ident: Identity | None) -> str:
+    """A path to ``path``'s content that a kernel running as ``ident`` can read.
+
+    ``path`` itself when the kernel runs as the host's user; else a private copy in the
+    kernel's ``workdir``, owned by ``ident`` and readable only by it.
+
+    Raises:
+        OSError: the copy could not be made.
+    """
+    if ident is None:
+        return path
+    base = os.path.basename(path)
+    dest = os.path.join(workdir, f".ctx-{len(os.listdir(workdir))}-{base}")
+    shutil.copyfile(path, dest)
+    os.chown(dest, ident.uid, ident.gid)
+    os.chmod(dest, stat.S_IRUSR)
+    return dest
