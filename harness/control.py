@@ -310,7 +310,10 @@ class Scheduler:
         if closed:
             task._finish(error=Cancelled("closed"), state="cancelled")
             return task
-        task._unhook = scope.on_cancel(lambda: self._drop(task))
+        remove = scope.on_cancel(lambda: self._drop(task))
+        task._unhook = remove
+        if task.done():  # it finished before the hook was in place
+            remove()
         return task
 
     def _drop(self, task: Task) -> None:

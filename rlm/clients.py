@@ -287,6 +287,9 @@ class ModelClient:
 
         def once():
             n = len(attempts) + 1
+            if n > 1 and cancel is not None and cancel.is_set():
+                # abandoned during a retry wait: no further attempt is sent
+                raise EndpointError(f"model call to {self.base_url} cancelled before attempt {n}")
             a0 = time.monotonic()
             t = timeout
             if deadline is not None:
