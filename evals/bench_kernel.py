@@ -36,7 +36,7 @@ def bench_context_load(mb: int = 50, repeats: int = 3) -> float:
                 reg = bridge.register(k.pid, None)
                 t0 = time.perf_counter()
                 ctx = load_context(blob)  # host writes the file
-                res, _ = k.execute(bind_code(bridge.path, reg.token, ctx.path, "text"))
+                res, _ = k.execute(bind_code(bridge.path, reg.token, k.share_file(ctx.path), "text"))
                 dt = time.perf_counter() - t0
                 assert res.error is None, res.output
                 check, _ = k.execute("print(len(context))")

@@ -35,7 +35,7 @@ def bench_child_start(samples: int = 15) -> tuple[float, float]:
         t0 = time.perf_counter()
         k = pool.acquire()
         reg = bridge.register(k.pid, None)
-        res, _ = k.execute(bind_code(bridge.path, reg.token, ctx.path, "text"))
+        res, _ = k.execute(bind_code(bridge.path, reg.token, k.share_file(ctx.path), "text"))
         dt = time.perf_counter() - t0
         assert res.error is None, res.output
         pool.release(k)

@@ -475,6 +475,14 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
     except ValueError:
         pass
     ip.events.register("post_run_cell", _restore)
+    # exit()/quit() would stop the kernel 0.1 s after the cell, racing whatever cell comes next;
+    # the REPL stays up instead (a run ends only through FINAL)
+    ip.ask_exit = _ignore_exit
     _snapshot(ip)
     _restore()
     return f"context bound: {type(ctx).__name__}"
+
+
+def _ignore_exit() -> None:
+    """The shell's ``ask_exit`` in an RLM kernel: says that ``exit()``/``quit()`` do nothing."""
+    print("[exit() ignored: this REPL stays up; call FINAL(answer) to finish]")

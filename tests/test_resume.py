@@ -76,6 +76,7 @@ def _recorded_calls(journal: str, run_id: str) -> set[str]:
         con.close()
 
 
+@pytest.mark.timeout(900)  # 20 kill-and-resume cycles of whole processes: slow on 2 busy cores
 def test_crash_at_20_points_then_resume(setup):
     ctx, host, tmp = setup
     state = {"pid": None, "kill_at": None, "n": 0, "after_kill": [], "killed": False}
