@@ -255,12 +255,43 @@ def _restore(*_args) -> None:
 
 
 def load_context(path: str, fmt: str):
-    """Read the context file written by the host: ``fmt`` is ``"text"`` or ``"json"``."""
+    """Read the context file written by the host: ``fmt`` is ``"text"``, ``"json"`` or
+    ``"bundle"`` (a manifest of ``[key, file, offset, length, "text"|"json"]`` entries: a
+    dict of many files, each read from its slice of the user's file or the host's scratch
+    file, so nothing is copied through the host)."""
+    if fmt == "bundle":
+        return _load_bundle(path)
     if fmt == "json":
         with open(path, "rb") as f:
             return json.loads(f.read())
     with open(path, "r", encoding="utf-8", newline="") as f:
         return f.read()
+
+
+def _load_bundle(manifest: str) -> dict:
+    with open(manifest, "rb") as f:
+        entries = json.loads(f.read())["entries"]
+    out, handles = {}, {}
+    try:
+        for key, src, offset, length, kind in entries:
+            f = handles.get(src)
+            if f is None:
+                if len(handles) > 8:  # user files are read once: do not keep them open
+                    for h in handles.values():
+                        h.close()
+                    handles.clear()
+                f = handles[src] = open(src, "rb")
+            f.seek(offset)
+            data = f.read(length)
+            if len(data) != length:
+                raise RuntimeError(f"context file {src} changed since it was loaded "
+                                   f"({len(data)} of {length} bytes at offset {offset})")
+            out[key] = json.loads(data) if kind == "json" else data.decode("utf-8")
+            del data
+    finally:
+        for h in handles.values():
+            h.close()
+    return out
 
 
 def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text") -> str:

@@ -516,7 +516,7 @@ class Instance:
             EndpointError, KernelError, DivergenceError: unrecoverable failures.
         """
         run, opts = self.run, self.run.opts
-        meta = describe(self.context.value)
+        meta = describe(self.context)
         system = prompts.system_prompt(meta, can_recurse=opts.max_depth >= 1,
                                        sub_chars=opts.sub_prompt_chars,
                                        max_output=opts.max_output_chars,
