@@ -82,6 +82,8 @@ _OPTION_KEYS = {
     "max_wall_seconds", "max_children_per_call", "max_concurrency", "pool_size",
     "max_kernel_restarts", "max_attempts", "journal", "run_id", "embedded_model", "price_file",
     "on_progress", "divergence", "system_template", "encoding",
+    # many-file contexts (see rlm/sources.py)
+    "include", "exclude", "max_context_bytes",
 }
 
 
@@ -234,7 +236,7 @@ class RLM:
         journal = _open_journal(o.get("journal"))
         run_id = o.get("run_id")
         replay = None
-        ctx = load_context(context, encoding=o.get("encoding") or "utf-8")
+        ctx = load_context(context, **context_options(o))
         try:
             if journal is not None and run_id:
                 rec = journal.get_run(run_id)
@@ -302,6 +304,7 @@ _NUMERIC = {
     "pool_size": ("--pool-size", 0, False, 64),
     "max_attempts": ("--max-attempts", 1, False, 100),
     "max_kernel_restarts": ("max_kernel_restarts", 0, False, 100),
+    "max_context_bytes": ("--max-context-bytes", 1, False, 2**40),
 }
 
 
@@ -326,6 +329,18 @@ def validate_options(o: dict) -> None:
         raise ConfigError(f"--base-url must be an http:// or https:// URL, got {url!r}")
     if o.get("run_id") is not None and not str(o["run_id"]).strip():
         raise ConfigError("--run-id must not be empty")
+    for key in ("include", "exclude"):
+        v = o.get(key)
+        if v is not None and not (isinstance(v, str) or (isinstance(v, (list, tuple)) and all(
+                isinstance(x, str) for x in v))):
+            raise ConfigError(f"--{key} must be a glob pattern or a list of them, got {v!r}")
+
+
+def context_options(o: dict) -> dict:
+    """The keyword arguments of :func:`load_context` among the run options."""
+    pats = {k: [o[k]] if isinstance(o.get(k), str) else (list(o[k]) if o.get(k) else None)
+            for k in ("include", "exclude")}
+    return {"encoding": o.get("encoding"), "max_bytes": o.get("max_context_bytes"), **pats}
 
 
 def _new_id() -> str:
@@ -442,7 +457,8 @@ def stored_options(opts: Options, ctx) -> dict:
     d["embedded"] = opts.embedded
     d["budget"] = opts.budget.to_dict()
     d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
-        "<value>", "<stdin>", "<bytes>") else None
+        "<value>", "<stdin>", "<bytes>") and ctx.fmt != "bundle" else None
+    d["context_spec"] = ctx.spec  # a directory/glob/paths context: how to load it again
     d["context_fmt"] = ctx.fmt
     d["context_encoding"] = getattr(ctx, "encoding", "utf-8")
     d["context_sha256"] = ctx.sha256
@@ -456,15 +472,26 @@ def _stored_run(journal, run_id: str) -> dict:
     return rec
 
 
+def _stored_source(rec: dict) -> Any:
+    """The context a recorded run was loaded from: a Path, a list of Paths, or None."""
+    o = rec.get("options") or {}
+    spec = o.get("context_spec")
+    if spec:
+        return [Path(p) for p in spec["sources"]]
+    return Path(o["context_source"]) if o.get("context_source") else None
+
+
 def _stored_context(rec: dict, context: Any, encoding: str | None = None):
     o = rec.get("options") or {}
     if context is None:
-        src = o.get("context_source")
-        if not src:
+        context = _stored_source(rec)
+        if context is None:
             raise ConfigError(f"run {rec['run_id']} was given its context as a value or on stdin; "
                               "pass it again with --context PATH")
-        context = Path(src)
-    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8")
+    spec = o.get("context_spec") or {}
+    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8",
+                       include=spec.get("include"), exclude=spec.get("exclude"),
+                       max_bytes=spec.get("max_bytes"))
     want = o.get("context_sha256")
     if want and ctx.sha256 != want:
         raise DivergenceError(f"the context of run {rec['run_id']} has changed since it was "
@@ -533,9 +560,14 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
     ctx_src = context
     enc = options.pop("encoding", None) or (rec.get("options") or {}).get("context_encoding")
     if ctx_src is None:
-        _stored_context(rec, None, enc)  # checks it is there and unchanged
-        ctx_src = Path(rec["options"]["context_source"])
+        _stored_context(rec, None, enc).discard()  # checks it is there and unchanged
+        ctx_src = _stored_source(rec)
     stored = dict(rec.get("options") or {})
+    spec = stored.get("context_spec") or {}
+    for src, dst in (("include", "include"), ("exclude", "exclude"),
+                     ("max_bytes", "max_context_bytes")):
+        if spec.get(src) is not None and options.get(dst) is None:
+            options[dst] = spec[src]
     merged = {k: stored[k] for k in _STORED if stored.get(k) is not None}
     b = stored.get("budget") or {}
     for src, dst in (("max_cost_usd", "max_cost_usd"), ("max_tokens", "max_tokens"),

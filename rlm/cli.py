@@ -85,6 +85,38 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}')
 
 
+def _add_context(p: argparse.ArgumentParser) -> None:
+    """The context options of ``rlm run`` (kept together for the option registry)."""
+    g = p.add_argument_group("context")
+    g.add_argument("--context", required=True, action="append", metavar="PATH",
+                   help="a file, a directory, or a quoted glob ('logs/*.log.gz'); repeat for "
+                   "several. One file: .json is parsed, .jsonl/.csv/.tsv/.pdf/.html/.gz/.bz2/.xz "
+                   "are read by format, anything else is text; '-' reads stdin. A directory, "
+                   "glob or several paths: a dict of relative path -> text (.gitignore honoured; "
+                   "hidden dirs and virtualenvs skipped; files that are not text are listed, "
+                   "not loaded)")
+    g.add_argument("--include", action="append", metavar="PATTERN",
+                   help="with a directory/glob: load only paths matching this gitignore-style "
+                   "pattern ('*.py', 'docs/'); repeatable")
+    g.add_argument("--exclude", action="append", metavar="PATTERN",
+                   help="with a directory/glob: leave out paths matching this pattern; repeatable")
+    g.add_argument("--max-context-bytes", type=int, default=None, metavar="N",
+                   help="cap on the context's text, per file and in total (default 2000000000); "
+                   "over it, the error names the biggest files")
+    g.add_argument("--encoding", default=None, help="text encoding of the context files (default: "
+                   "UTF-8, else detected with charset-normalizer and noted for the model)")
+
+
+def _context_arg(paths: list[str]):
+    """``--context`` values -> what :func:`rlm.completion` takes: one Path, ``"-"``, or Paths."""
+    from .errors import ConfigError
+    if len(paths) == 1:
+        return "-" if paths[0] == "-" else Path(paths[0])
+    if "-" in paths:
+        raise ConfigError("--context - (stdin) cannot be combined with other --context paths")
+    return [Path(p) for p in paths]
+
+
 def _add_recorded_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--context", metavar="PATH",
@@ -118,10 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
                        description="Load CONTEXT into a Jupyter kernel and let the model answer QUERY "
                                    "by writing code. The answer goes to stdout.")
-    r.add_argument("--context", required=True, metavar="PATH",
-                   help="context file: .json is parsed, anything else is text; '-' reads stdin")
+    _add_context(r)
     r.add_argument("--query", metavar="TEXT", help="the question (optional: else the task is in the context)")
-    r.add_argument("--encoding", default="utf-8", help="text encoding of the context (default utf-8)")
     r.add_argument("--run-id", metavar="ID",
                    help="name the run; an id that finished returns the recorded result, a crashed "
                    "or failed one is resumed")
@@ -235,10 +265,13 @@ def _cmd_run(args) -> int:
     o = _run_options(args)
     o["journal"] = _journal_opt(args)
     o["encoding"] = args.encoding
+    for a in ("include", "exclude", "max_context_bytes"):
+        if getattr(args, a) is not None:
+            o[a] = getattr(args, a)
     if args.run_id:
         o["run_id"] = args.run_id
     o["on_progress"] = progress
-    context = "-" if args.context == "-" else Path(args.context)
+    context = _context_arg(args.context)
     with RLM(**o) as r:
         res = r.completion(context, args.query)
     return _emit(res, args)
