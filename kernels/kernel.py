@@ -166,13 +166,17 @@ class Kernel:
         proc = getattr(prov, "process", None)
         return proc.pid if proc is not None else 0
 
-    def share_file(self, path: str) -> str:
+    def share_file(self, path: str, fmt: str = "text") -> str:
         """A path to ``path``'s content that this kernel can read (a private copy when it
-        runs as another user, see :func:`kernels.sandbox.share_file`).
+        runs as another user, see :func:`kernels.sandbox.share_file`); for a ``"bundle"``
+        (a many-file context's manifest), a manifest whose files it can read
+        (:func:`kernels.sandbox.share_bundle`).
 
         Raises:
-            OSError: the copy could not be made.
+            OSError: a copy could not be made.
         """
+        if fmt == "bundle":
+            return sandbox.share_bundle(path, self.workdir, self.identity)
         return sandbox.share_file(path, self.workdir, self.identity)
 
     def is_alive(self) -> bool:

@@ -292,7 +292,8 @@ def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str) 
         bridge_path: filesystem path of the bridge's Unix socket.
         token: the kernel's secret from :meth:`kernels.bridge.BridgeServer.register`.
         context_path: the file holding the context, or None for no context.
-        fmt: ``"text"`` (UTF-8 text) or ``"json"`` (a JSON document).
+        fmt: ``"text"`` (UTF-8 text), ``"json"`` (a JSON document) or ``"bundle"`` (a
+            many-file context's manifest, :mod:`kernels.bundle`).
 
     The cell prints nothing; it raises in the kernel (an error in the cell result) if the
     context file is missing or is not valid for ``fmt``.

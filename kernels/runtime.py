@@ -26,6 +26,7 @@ import threading
 from collections.abc import Mapping
 
 from harness.text import clean_text
+from kernels.bundle import read_bundle
 from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, decode_error,
                               encode_frame, final_value, is_error_item, recv_message, request)
 
@@ -432,11 +433,15 @@ _install_packer()
 
 
 def load_context(path: str, fmt: str):
-    """Read the context file written by the host: ``fmt`` is ``"text"`` or ``"json"``.
+    """Read the context file written by the host: ``fmt`` is ``"text"``, ``"json"`` or
+    ``"bundle"`` (a many-file context's manifest: :mod:`kernels.bundle`).
 
-    Returns the text (str) or the decoded JSON value. Raises OSError if the file cannot
-    be read, ValueError if it is not UTF-8 (text) or not JSON (json).
+    Returns the text (str), the decoded JSON value, or the bundle's dict. Raises OSError if
+    a file cannot be read, ValueError if it is not UTF-8 (text) or not JSON (json),
+    RuntimeError if a bundle's file changed since the host loaded it.
     """
+    if fmt == "bundle":
+        return read_bundle(path)
     if fmt == "json":
         with open(path, "rb") as f:
             return json.loads(f.read())  # the host wrote it clean (see rlm.context)
@@ -453,7 +458,7 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
         socket_path: the bridge's Unix socket; connected on the first sub-call.
         token: this kernel's secret (hex str).
         context_path: the context file, or None (``context`` is then None).
-        fmt: ``"text"`` or ``"json"`` (see :func:`load_context`).
+        fmt: ``"text"``, ``"json"`` or ``"bundle"`` (see :func:`load_context`).
 
     Returns a short description for the host's log (str). Raises what
     :func:`load_context` raises.

@@ -24,7 +24,8 @@ cannot switch users; asking it to is an error). An unprivileged kernel:
 
 * gets its working directory and its Jupyter connection file chowned to it, ``HOME`` set to
   its working directory, the bridge socket through group permission (:mod:`kernels.bridge`),
-  and a private copy of its context file (:meth:`kernels.kernel.Kernel.share_file`);
+  and a private copy of its context file (:meth:`kernels.kernel.Kernel.share_file`; a
+  many-file context: of the files it may not read itself, :func:`share_bundle`);
 * needs to reach the Python interpreter, the standard library, site-packages and this
   project. A directory on those paths that it may not enter (typically ``/root`` holding a
   pyenv interpreter) is covered, in a private mount namespace of the kernel only, by an
@@ -53,8 +54,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
+from kernels.bundle import FILE
+
 __all__ = ["ENV_VAR", "TAG_VAR", "Identity", "KernelUserError", "kernel_identity", "kill_tagged",
-           "reveal_plan", "supervised_argv", "supervisor_available", "share_file"]
+           "reveal_plan", "supervised_argv", "supervisor_available", "share_bundle", "share_file"]
 
 #: The environment variable naming the user kernels run as when the host is root.
 ENV_VAR = "RLM_KERNEL_USER"
@@ -247,6 +250,69 @@ def share_file(path: str, workdir: str, ident: Identity | None) -> str:
     base = os.path.basename(path)
     dest = os.path.join(workdir, f".ctx-{len(os.listdir(workdir))}-{base}")
     shutil.copyfile(path, dest)
-    os.chown(dest, ident.uid, ident.gid)
-    os.chmod(dest, stat.S_IRUSR)
+    _give(dest, ident)
+    return dest
+
+
+def _give(path: str, ident: Identity) -> None:
+    os.chown(path, ident.uid, ident.gid)
+    os.chmod(path, stat.S_IRUSR)
+
+
+def _readable(path: str, ident: Identity, searchable: dict[str, bool]) -> bool:
+    """True if ``ident`` may read ``path`` (its mode bits and every directory above it)."""
+    real = os.path.realpath(path)
+    d = os.path.dirname(real)
+    todo = []
+    while d not in searchable:
+        todo.append(d)
+        if d == os.path.dirname(d):
+            break
+        d = os.path.dirname(d)
+    for d in reversed(todo):  # shallowest first: a closed parent closes everything below
+        parent = os.path.dirname(d)
+        try:
+            searchable[d] = searchable.get(parent, True) and _may(os.stat(d), ident, 1)
+        except OSError:
+            searchable[d] = False
+    try:
+        return searchable[os.path.dirname(real)] and _may(os.stat(real), ident, 4)
+    except OSError:
+        return False
+
+
+def share_bundle(manifest: str, workdir: str, ident: Identity | None) -> str:
+    """:func:`share_file` for a many-file context: its manifest (:mod:`kernels.bundle`) and
+    every file it names.
+
+    The kernel's own copy of the manifest names, for each file: the file itself when ``ident``
+    may read it already (a directory context is not copied for nothing), else a private copy in
+    ``workdir`` readable only by ``ident`` (the host's scratch file, files under a directory
+    ``ident`` may not enter). ``manifest`` itself when the kernel runs as the host's user.
+
+    Raises:
+        OSError: a copy could not be made.
+    """
+    if ident is None:
+        return manifest
+    with open(manifest, "rb") as f:
+        doc = json.loads(f.read())
+    n = len(os.listdir(workdir))
+    shared: dict[str, str] = {}
+    searchable: dict[str, bool] = {}
+    for entry in doc["entries"]:
+        src = entry[FILE]
+        if src not in shared:
+            if _readable(src, ident, searchable):
+                shared[src] = src
+            else:
+                shared[src] = os.path.join(workdir, f".ctx-{n}-{len(shared)}-"
+                                                    f"{os.path.basename(src)}")
+                shutil.copyfile(src, shared[src])
+                _give(shared[src], ident)
+        entry[FILE] = shared[src]
+    dest = os.path.join(workdir, f".ctx-{n}-manifest.json")
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    _give(dest, ident)
     return dest

@@ -12,7 +12,6 @@ means (:mod:`harness.replay`) and hands the run to :func:`rlm.run_tree.drive`.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any, Callable
 
 from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run, replay_target
@@ -21,9 +20,9 @@ from .context import load_context
 from .errors import DivergenceError
 from .options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_endpoint,
                       validate_options)
-from .records import find_run, open_journal, stored_context
+from .records import find_run, open_journal, spec_options, stored_context, stored_source
 from .result import Result
-from .run_config import build_options, replay_options, resume_options
+from .run_config import build_options, context_options, replay_options, resume_options
 from .run_tree import drive
 
 
@@ -42,7 +41,9 @@ class RLM:
         max_concurrency (int, 8), pool_size (kernels), journal (path, or False for
         none; default ``$RLM_JOURNAL`` or the user data dir), embedded_model (str, one of
         :data:`rlm.options.EMBEDDED_MODELS`), price_file (JSON path), on_progress (callable
-        taking a str), divergence (``"stop"`` | ``"live"``).
+        taking a str), divergence (``"stop"`` | ``"live"``); loading the context: encoding
+        (default: UTF-8, else detected), include/exclude (gitignore-style patterns for a
+        directory or glob), max_context_bytes (bytes, 2,000,000,000).
 
     Raises:
         ConfigError: unknown option names or bad values.
@@ -89,7 +90,8 @@ class RLM:
         return build_options(o, self._endpoint(o), journal)
 
     def completion(self, context: Any, query: str | None = None, **overrides: Any) -> Result:
-        """Run one RLM over ``context`` (str, list, dict, or a ``Path``/``"-"`` to load).
+        """Run one RLM over ``context``: str, list, dict, or to load: a ``Path`` (a file, a
+        directory, a glob), a list of ``Path``, a dict with ``Path`` values, or ``"-"``.
 
         Returns:
             :class:`Result`. Budget stops return a Result with status ``budget_exceeded``.
@@ -107,7 +109,7 @@ class RLM:
         journal = open_journal(o.get("journal"))
         run_id = o.get("run_id")
         recorded = None
-        ctx = load_context(context, encoding=o.get("encoding") or "utf-8")
+        ctx = load_context(context, **context_options(o))
         try:
             if journal is not None and run_id:
                 rec = journal.get_run(run_id)
@@ -174,8 +176,9 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
     enc = options.pop("encoding", None) or (rec.get("options") or {}).get("context_encoding")
     if ctx_src is None:
         stored_context(rec, None, enc).discard()  # checks it is there and unchanged
-        ctx_src = Path(rec["options"]["context_source"])
-    merged = resume_options(rec)  # the recorded settings; given options override them
+        ctx_src = stored_source(rec)
+    # the recorded settings (and a directory context's filters); given options override them
+    merged = {**resume_options(rec), **spec_options(rec)}
     merged.update({k: v for k, v in options.items() if v is not None})
     merged["run_id"] = run_id
     if enc:
@@ -185,7 +188,7 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
 
 
 def completion(context: Any, query: str | None = None, **options: Any) -> Result:
-    """Run one RLM: ``context`` (str/list/dict, or ``Path``/``"-"``) and an optional ``query``.
+    """Run one RLM: ``context`` (str/list/dict, or ``Path``/paths/``"-"``), optional ``query``.
 
     Same options as :class:`RLM`. An embedded model server started for this
     call is stopped before it returns. See :meth:`RLM.completion` for errors.

@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
                 groups[opt.group] = parser.add_argument_group(GROUP_TITLES[opt.group])
             target = groups[opt.group]
         kw: dict[str, Any] = {"dest": opt.name, "default": None, "help": opt.help}
+        if opt.repeat:
+            kw["action"] = "append"
         if opt.type in (int, float):
             kw["type"] = opt.type
         if opt.choices is not None:
@@ -91,10 +93,20 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return out
 
 
+def _context_arg(paths: list[str]):
+    """``--context`` values -> what :func:`rlm.completion` takes: one Path, ``"-"``, or Paths."""
+    from .errors import ConfigError
+    if len(paths) == 1:
+        return "-" if paths[0] == "-" else Path(paths[0])
+    if "-" in paths:
+        raise ConfigError("--context - (stdin) cannot be combined with other --context paths")
+    return [Path(p) for p in paths]
+
+
 def _add_recorded_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--context", metavar="PATH",
-                   help="the context file, if it was given on stdin or has moved")
+                   help="the context (file or directory), if it was given on stdin or has moved")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -120,8 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
                        description="Load CONTEXT into a Jupyter kernel and let the model answer QUERY "
                                    "by writing code. The answer goes to stdout.")
-    r.add_argument("--context", required=True, metavar="PATH",
-                   help="context file: .json is parsed, anything else is text; '-' reads stdin")
+    r.add_argument("--context", required=True, action="append", metavar="PATH",
+                   help="a file, a directory, or a quoted glob ('logs/*.log.gz'); repeat for "
+                   "several. One file: .json is parsed, .jsonl/.csv/.tsv/.pdf/.html/.gz/.bz2/.xz "
+                   "are read by format, anything else is text; '-' reads stdin. A directory, "
+                   "glob or several paths: a dict of relative path -> text (.gitignore honoured; "
+                   "hidden dirs and virtualenvs skipped; files that are not text are listed, "
+                   "not loaded)")
     r.add_argument("--query", metavar="TEXT", help="the question (optional: else the task is in the context)")
     add_arguments(r, RUN)  # every option flag: see rlm/options.py
     _add_output(r)
@@ -205,7 +222,7 @@ def _cmd_run(args) -> int:
     from .api import RLM
     from .cli_views import run_hooks
     o = options_from_args(args, RUN)
-    context = "-" if args.context == "-" else Path(args.context)
+    context = _context_arg(args.context)
     with run_hooks(args, o), RLM(**o) as r:
         res = r.completion(context, args.query)
     return _emit(res, args)

@@ -1,15 +1,20 @@
-"""Loading a context from a file, stdin or a Python value, and describing it.
+"""Loading a context from a file, several files, stdin or a Python value, and describing it.
 
 A context is a ``str``, a ``list`` (of str or JSON-like items) or a JSON-like
-``dict``. Files: ``.json`` is parsed as JSON; anything else is text. Text must
-decode with the given encoding (UTF-8 by default, a BOM is dropped); bad input
-is refused with a message that says what to do:
+``dict``. A single file: ``.json`` is parsed as JSON; ``.jsonl``, ``.csv``/``.tsv``,
+``.pdf``, ``.html`` and compressed files are read by :mod:`rlm.formats`; anything
+else is text. A directory, a glob, a list of paths, or a mapping with ``Path``
+values becomes a dict of relative path -> value (:mod:`rlm.sources`). Text is
+UTF-8, or its encoding is detected (``charset-normalizer``) unless one is given.
+Bad input is refused with a message that says what to do:
 
-- a missing path or a directory: ``ContextError``
-- an empty file (or only whitespace): ``ContextError``
-- a binary file (NUL bytes in the first 64 KiB): ``ContextError``
-- bytes that do not decode: ``ContextError`` naming the byte offset and
-  suggesting ``--encoding latin-1`` (or the file's real encoding)
+- a missing path, a glob that matches nothing: ``ContextError``
+- an empty file (or only whitespace), a directory with no text files: ``ContextError``
+- a binary file (NUL bytes in the first 64 KiB): ``ContextError`` (in a directory:
+  skipped and listed in the metadata)
+- bytes that decode with no encoding (or not with the given one): ``ContextError``
+  naming the byte offset and suggesting ``--encoding``
+- more than ``max_bytes`` of text: ``ContextError`` naming the biggest contributors
 
 Text UTF-8 cannot encode (a lone surrogate: a ``"\ud83d"`` escape in a JSON file, half
 an emoji in a Python value) follows the one text policy of :mod:`harness.text`: it
@@ -20,12 +25,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.text import clean, clean_text
 
+from . import formats
 from .errors import ContextError
 from .tokens import estimate_tokens
 
@@ -35,8 +41,9 @@ class LoadedContext:
     """A context ready for a kernel.
 
     Attributes:
-        value: the context (str, list or dict).
-        fmt: ``"text"`` or ``"json"``: how the kernel reads ``path``.
+        value: the context (str, list or dict); None for a ``bundle`` (read it with
+            :meth:`read_value`: the host does not hold a many-file context).
+        fmt: ``"text"``, ``"json"`` or ``"bundle"``: how the kernel reads ``path``.
         path: a file the kernel can read the context from (may be the user's own file).
         owned: True if ``path`` is a temporary file of ours (delete after binding).
         source: where it came from (path, ``"-"`` for stdin, ``"<value>"``).
@@ -49,6 +56,12 @@ class LoadedContext:
     source: str
     encoding: str = "utf-8"
     _sha256: str | None = None
+    #: precomputed :func:`describe` output (bundles, detected encodings); None: describe(value)
+    meta: dict | None = None
+    #: more temporary files to delete with ``path`` (a bundle's converted data)
+    extra_files: list = field(default_factory=list)
+    #: how to load it again (many-file contexts): sources, include, exclude, max_bytes
+    spec: dict | None = None
 
     @property
     def sha256(self) -> str:
@@ -60,52 +73,84 @@ class LoadedContext:
             self._sha256 = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         return self._sha256
 
+    def read_value(self) -> Any:
+        """The context's value; a bundle is read from its files (as the kernel does)."""
+        if self.value is None and self.fmt == "bundle" and self.path:
+            from kernels.bundle import read_bundle
+            return read_bundle(self.path)
+        return self.value
+
     def discard(self) -> None:
-        """Remove the temporary file, if this context wrote one."""
+        """Remove the temporary files, if this context wrote any."""
         if self.owned and self.path:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for p in [self.path, *self.extra_files]:
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
 
 
 def _check_bytes(data: bytes, source: str) -> None:
     if not data.strip():
         raise ContextError(f"context {source} is empty; give a file with the text to work on")
-    if b"\x00" in data[:65536]:
+    if b"\x00" in data[:65536] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ContextError(f"context {source} looks binary (it contains NUL bytes); "
-                           "give a text or .json file (convert PDFs/office files to text first)")
+                           "give a text or .json file (convert office files to text first)")
 
 
-def _decode(data: bytes, source: str, encoding: str) -> str:
-    try:
-        text = data.decode(encoding)
-    except UnicodeDecodeError as exc:
-        raise ContextError(
-            f"context {source} is not valid {encoding} (byte {exc.start}: {data[exc.start:exc.start+4]!r}); "
-            "re-run with --encoding latin-1 (or the file's real encoding)") from None
-    except LookupError:
-        raise ContextError(f"unknown encoding {encoding!r}") from None
-    text = clean_text(text)  # some codecs (utf-7...) can decode to lone surrogates
-    return text[1:] if text.startswith("\ufeff") else text
+def _decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
+    return formats.decode(data, source, encoding)
 
 
-def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None = None,
-                 scratch_dir: str | None = None) -> LoadedContext:
-    """Load a context from a path (str/Path), ``"-"`` (stdin), or a Python value.
+def _paths(source: Any) -> list | None:
+    """The paths of a many-file context given as a list/tuple of paths, else None."""
+    if isinstance(source, (list, tuple)) and source and all(
+            isinstance(x, os.PathLike) for x in source):
+        return list(source)
+    return None
+
+
+def load_context(source: Any, *, encoding: str | None = None, is_json: bool | None = None,
+                 scratch_dir: str | None = None, include: list | None = None,
+                 exclude: list | None = None, max_bytes: int | None = None) -> LoadedContext:
+    """Load a context from a path (str/Path), ``"-"`` (stdin), paths, or a Python value.
 
     Args:
-        source: a path, ``"-"``, a :class:`pathlib.Path`, or the context itself
-            (a str that is not an existing path is NOT treated as a path: pass a
-            ``Path`` to be explicit; the CLI always passes paths).
-        encoding: text encoding of files and stdin.
+        source: a path, ``"-"``, a :class:`pathlib.Path` (a file, a directory, or a glob
+            such as ``Path("logs/*.log.gz")``), a list of ``Path``, a mapping whose values
+            may be ``Path`` (read as files), or the context itself (a str that is not an
+            existing path is NOT treated as a path: pass a ``Path`` to be explicit; the
+            CLI always passes paths).
+        encoding: text encoding of files and stdin; None or ``"auto"``: UTF-8, else detected.
         is_json: force JSON parsing (True) or text (False); default by suffix ``.json``.
+        include, exclude: gitignore-style patterns on the relative paths of a many-file context.
+        max_bytes: cap on the context's text in bytes (default 2,000,000,000).
     Raises:
-        ContextError: missing, empty, binary, undecodable or malformed JSON input.
+        ContextError: missing, empty, binary, undecodable, malformed or too big input.
     """
+    from . import sources
+    enc = encoding or "auto"
+    paths = _paths(source)
+    if paths is None and isinstance(source, Path) and str(source) != "-":
+        p = str(source)
+        if os.path.isdir(p) or (not os.path.exists(p) and sources._MAGIC.search(p)):
+            paths = [source]
+    if paths is not None:
+        walk, _base, origin = sources.collect(paths, include, exclude)
+        return _bundle(walk.files, origin, enc, max_bytes, scratch_dir, walk.ignored, {
+            "sources": [os.path.abspath(os.path.expanduser(str(x))) for x in paths],
+            "include": include or None, "exclude": exclude or None, "max_bytes": max_bytes})
+    if isinstance(source, dict) and any(isinstance(v, os.PathLike) for v in source.values()):
+        items = [(clean_text(str(k)), Path(v) if isinstance(v, os.PathLike) else v)
+             for k, v in source.items()]
+        for k, v in items:
+            if isinstance(v, Path) and not v.is_file():
+                raise ContextError(f"context file not found: {v} (key {k!r})")
+        return _bundle(items, f"a mapping of {len(items)} keys", enc, max_bytes, scratch_dir, {},
+                       None)
     if isinstance(source, Path) or (isinstance(source, str) and source == "-"):
-        loaded = _load_file(str(source), encoding, is_json, scratch_dir)
-        loaded.encoding = encoding
+        loaded = _load_file(str(source), enc, is_json, scratch_dir, max_bytes)
+        loaded.encoding = enc
         return loaded
     if isinstance(source, (list, dict)):
         if not source:
@@ -117,7 +162,7 @@ def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None =
         return _write(clean(source), "json", "<value>", scratch_dir)
     if isinstance(source, bytes):
         _check_bytes(source, "<bytes>")
-        source = _decode(source, "<bytes>", encoding)
+        source, _ = _decode(source, "<bytes>", encoding)
     if isinstance(source, str):
         if not source.strip():
             raise ContextError("context is empty; give the text to work on")
@@ -125,10 +170,23 @@ def load_context(source: Any, *, encoding: str = "utf-8", is_json: bool | None =
     raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
 
 
-def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str | None) -> LoadedContext:
+def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored: dict,
+            spec: dict | None) -> LoadedContext:
+    from . import sources
+    b = sources.build(items, origin=origin, encoding=enc, max_bytes=max_bytes,
+                      scratch_dir=scratch_dir, ignored=ignored)
+    ctx = LoadedContext(None, "bundle", b.manifest, True, origin, enc, b.sha256, meta=b.meta,
+                        extra_files=[b.blob] if b.blob else [], spec=spec)
+    return ctx
+
+
+def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str | None,
+               max_bytes: int | None = None) -> LoadedContext:
+    from .sources import DEFAULT_MAX_BYTES, _too_big
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
     if path == "-":
         data = sys.stdin.buffer.read()
-        source = "<stdin>"
+        source, name = "<stdin>", ""
     else:
         p = Path(path)
         if not p.exists():
@@ -136,14 +194,26 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         if p.is_dir():
             raise ContextError(f"context path is a directory, not a file: {path}")
         try:
+            if p.stat().st_size > limit:
+                raise _too_big([(p.name, p.stat().st_size)], limit, path)
             data = p.read_bytes()
         except OSError as exc:
             raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
-        source = path
-    _check_bytes(data, source)
-    want_json = is_json if is_json is not None else source.lower().endswith(".json")
-    text = _decode(data, source, encoding)
+        source, name = path, p.name
+    if not data.strip():
+        _check_bytes(data, source)
+    inner, comp = formats.split_suffixes(name)
+    if comp:
+        try:
+            data = formats.decompress(data, comp, source, limit)
+        except formats.TooBig:
+            raise _too_big([(name, limit + 1)], limit, path) from None
+        name = inner
+    if formats.suffix(name) != ".pdf":
+        _check_bytes(data, source)
+    want_json = is_json if is_json is not None else name.lower().endswith(".json")
     if want_json:
+        text, _ = _decode(data, source, encoding)
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -158,13 +228,27 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
         if isinstance(cleaned, str):
             return _write(cleaned, "text", source, scratch_dir)
-        if path != "-" and cleaned is value and encoding.lower().replace("-", "") in ("utf8", "utf8sig"):
+        if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
+                encoding.lower().replace("-", "") in ("utf8", "auto"):
             return LoadedContext(value, "json", os.path.abspath(path), False, source)
         return _write(cleaned, "json", source, scratch_dir)
-    if path != "-" and encoding.lower().replace("-", "") == "utf8" and not text.startswith("\ufeff") \
-            and len(text.encode("utf-8")) == len(data):
-        return LoadedContext(text, "text", os.path.abspath(path), False, source)
-    return _write(text, "text", source, scratch_dir)
+    conv = formats.convert(name, data, source, encoding)
+    if conv.kind != "text" and not conv.value:
+        raise ContextError(f"context {source} is empty (no {conv.kind}); give the data to work on")
+    if conv.kind == "text" and not conv.value.strip():
+        raise ContextError(f"context {source} is empty; give a file with the text to work on")
+    if conv.kind == "text" and not conv.notes and path != "-" and not comp \
+            and encoding.lower().replace("-", "") in ("utf8", "auto") \
+            and not data.startswith(b"\xef\xbb\xbf"):
+        return LoadedContext(conv.value, "text", os.path.abspath(path), False, source)
+    ctx = _write(conv.value, "text" if conv.kind == "text" else "json", source, scratch_dir)
+    if conv.notes or conv.kind != "text":
+        what = {"records": "a list of JSON Lines records", "rows": "a list of row dicts "
+                "(column -> str)", "pages": "a list of page texts"}.get(conv.kind, "text")
+        ctx.meta = describe(conv.value)
+        ctx.meta["note"] = f"It holds {what} read from {os.path.basename(path) or source}" + (
+            f" ({'; '.join(conv.notes)})" if conv.notes else "") + "."
+    return ctx
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None) -> LoadedContext:
@@ -184,7 +268,11 @@ def describe(value: Any) -> dict:
 
     Returns ``{"type", "chars", "tokens_estimate", "items", "item_chars"}``;
     ``item_chars`` lists each item's length for lists (first 50) and dicts (by key).
+    A dict also gets ``listing`` (see :func:`rlm.sources.describe_files`); a
+    :class:`LoadedContext` returns its precomputed metadata when it has some.
     """
+    if isinstance(value, LoadedContext):
+        return value.meta if value.meta is not None else describe(value.value)
     if isinstance(value, str):
         n = len(value)
         return {"type": "str", "chars": n, "tokens_estimate": estimate_tokens(n)}
@@ -194,11 +282,10 @@ def describe(value: Any) -> dict:
         return {"type": "list", "chars": n, "tokens_estimate": estimate_tokens(n),
                 "items": len(value), "item_chars": lens[:50]}
     if isinstance(value, dict):
-        lens = {str(k): len(v) if isinstance(v, str) else len(json.dumps(v, ensure_ascii=False))
-                for k, v in value.items()}
-        n = sum(lens.values())
-        keys = list(lens)[:50]
-        return {"type": "dict", "chars": n, "tokens_estimate": estimate_tokens(n),
-                "items": len(value), "item_chars": {k: lens[k] for k in keys}}
+        from .sources import describe_files
+        info = {str(k): ("text", len(v)) if isinstance(v, str) else
+                ("list" if isinstance(v, list) else "dict" if isinstance(v, dict) else "json",
+                 len(json.dumps(v, ensure_ascii=False))) for k, v in value.items()}
+        return describe_files(info)
     s = str(value)
     return {"type": type(value).__name__, "chars": len(s), "tokens_estimate": estimate_tokens(len(s))}

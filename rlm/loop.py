@@ -88,7 +88,7 @@ class RLMLoop:
             EndpointError, KernelError, DivergenceError: unrecoverable failures.
         """
         opts = self.run_tree.opts
-        system = prompts.system_prompt(describe(self.context.value),
+        system = prompts.system_prompt(describe(self.context),
                                        can_recurse=opts.budget.subcalls_allowed,
                                        sub_chars=opts.sub_prompt_chars,
                                        max_output=opts.max_output_chars,
@@ -191,7 +191,8 @@ class RLMLoop:
         else:
             run.bridge.update_pid(self.reg.token, kernel.pid)
         # a kernel running as another user (root host) reads a private copy of the context
-        path = kernel.share_file(self.context.path) if self.context.path else None
+        # (a many-file context: of the files that user may not read)
+        path = kernel.share_file(self.context.path, self.context.fmt) if self.context.path else None
         code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt)
         res, _ = kernel.execute(code, timeout=120)
         if res.error:

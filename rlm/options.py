@@ -164,6 +164,7 @@ class Option:
         budget_field: the :class:`harness.budget.Budget` field it feeds (str) or None.
         switches: value-less flags that set this option (tuple of :class:`Switch`).
         empty_is_unset: True if the CLI treats an empty value (``--journal ""``) as not given.
+        repeat: True if the flag may be given several times (its values form a list).
         check: an extra test of a given value: returns None if fine, else the end of the error
             message (``"must not be empty"``), prefixed with the flag.
     """
@@ -187,6 +188,7 @@ class Option:
     budget_field: str | None = None
     switches: tuple[Switch, ...] = ()
     empty_is_unset: bool = False
+    repeat: bool = False
     check: Callable[[Any], str | None] | None = None
 
     @property
@@ -223,6 +225,12 @@ def _not_blank(v: Any) -> str | None:
     return None if str(v).strip() else "must not be empty"
 
 
+def _patterns(v: Any) -> str | None:
+    if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
+        return None
+    return f"must be a glob pattern or a list of them, got {v!r}"
+
+
 _RUN_RESUME = (RUN, RESUME)
 
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
@@ -230,11 +238,30 @@ _RUN_RESUME = (RUN, RESUME)
 #: (its window is 8k tokens per slot) and its sub-call answers short (a rambling one costs ~25 s
 #: at 512 tokens); it repeats itself when stuck, hence fewer iterations.
 OPTIONS: tuple[Option, ...] = (
-    Option("encoding", "--encoding", default="utf-8", metavar="NAME",
-           commands=(RUN, RESUME, REPLAY), empty_is_unset=True,
-           help="text encoding of the context (default utf-8; resume and replay default to the "
+    # -- the context (--context itself is the CLI's: rlm/cli.py) -------------------------------
+    Option("encoding", "--encoding", metavar="NAME", commands=(RUN, RESUME, REPLAY),
+           empty_is_unset=True, doc_default="detected",
+           help="text encoding of the context files (default: UTF-8, else detected with "
+                "charset-normalizer and noted for the model; resume and replay default to the "
                 "one the run was recorded with)",
-           doc="text encoding of the context file"),
+           doc="text encoding of the context files; by default UTF-8, else detected "
+               "(`charset-normalizer`) and noted for the model; a given one is strict"),
+    Option("include", "--include", object, metavar="PATTERN", commands=(RUN,), repeat=True,
+           check=_patterns,
+           help="with a directory/glob: load only paths matching this gitignore-style pattern "
+                "('*.py', 'docs/'); repeatable",
+           doc="load only paths matching a gitignore-style pattern (`'*.py'`, `'docs/'`); "
+               "repeatable (a list in Python)", doc_default="all files"),
+    Option("exclude", "--exclude", object, metavar="PATTERN", commands=(RUN,), repeat=True,
+           check=_patterns,
+           help="with a directory/glob: leave out paths matching this pattern; repeatable",
+           doc="leave out paths matching the pattern; repeatable"),
+    Option("max_context_bytes", "--max-context-bytes", int, min=1, max=2**40, metavar="N",
+           commands=(RUN,), doc_default="2,000,000,000",
+           help="cap on the context's text, per file and in total (default 2000000000); over "
+                "it, the error names the biggest files",
+           doc="cap on the context's text (UTF-8 bytes, after decompression), per file and in "
+               "total; over it, the error names the biggest files"),
     # -- the model endpoint ------------------------------------------------------------------
     Option("model", "--model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME, stored=True,
            help="root model name (env RLM_MODEL)",

@@ -130,7 +130,9 @@ LAST_TURN = ("This is your last turn. Call FINAL(answer) in a ```repl block now 
 
 
 def format_meta(meta: dict) -> str:
-    """One sentence of context metadata for the system prompt."""
+    """One sentence of context metadata for the system prompt (a dict's ``listing`` as is)."""
+    if meta.get("listing"):
+        return meta["listing"]
     kind = {"str": "a string", "list": "a list", "dict": "a dict"}.get(meta["type"], meta["type"])
     s = (f"it is {kind} of {meta['chars']:,} characters (about {meta['tokens_estimate']:,} tokens)")
     if meta["type"] == "list":
@@ -140,7 +142,7 @@ def format_meta(meta: dict) -> str:
             s += " ..."
     elif meta["type"] == "dict":
         s += f" with {meta['items']} keys; lengths by key: {json.dumps(meta.get('item_chars', {}))}"
-    return s + "."
+    return s + "." + (" " + meta["note"] if meta.get("note") else "")
 
 
 def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,

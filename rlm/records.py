@@ -43,8 +43,28 @@ def find_run(journal, run_id: str) -> dict:
     return rec
 
 
+def stored_source(record: dict) -> Any:
+    """Where a recorded run's context was loaded from: a Path, a list of Paths (a directory,
+    glob or several paths), or None (a value or stdin)."""
+    o = record.get("options") or {}
+    spec = o.get("context_spec")
+    if spec:
+        return [Path(p) for p in spec["sources"]]
+    return Path(o["context_source"]) if o.get("context_source") else None
+
+
+def spec_options(record: dict) -> dict:
+    """The keyword options of a recorded many-file context's filters (``include``,
+    ``exclude``, ``max_context_bytes``), those it was given."""
+    spec = (record.get("options") or {}).get("context_spec") or {}
+    out = {"include": spec.get("include"), "exclude": spec.get("exclude"),
+           "max_context_bytes": spec.get("max_bytes")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def stored_context(record: dict, context: Any = None, encoding: str | None = None) -> LoadedContext:
-    """Load a recorded run's context again, from ``context`` or from where it was recorded.
+    """Load a recorded run's context again, from ``context`` or from where it was recorded
+    (with the filters a directory context was loaded with).
 
     Raises:
         ConfigError: it was given as a value or on stdin and no ``context`` is passed now.
@@ -53,12 +73,14 @@ def stored_context(record: dict, context: Any = None, encoding: str | None = Non
     """
     o = record.get("options") or {}
     if context is None:
-        src = o.get("context_source")
-        if not src:
+        context = stored_source(record)
+        if context is None:
             raise ConfigError(f"run {record['run_id']} was given its context as a value or on "
                               "stdin; pass it again with --context PATH")
-        context = Path(src)
-    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8")
+    spec = o.get("context_spec") or {}
+    ctx = load_context(context, encoding=encoding or o.get("context_encoding") or "utf-8",
+                       include=spec.get("include"), exclude=spec.get("exclude"),
+                       max_bytes=spec.get("max_bytes"))
     want = o.get("context_sha256")
     if want and ctx.sha256 != want:
         ctx.discard()

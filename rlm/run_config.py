@@ -4,7 +4,9 @@
 * the :class:`~rlm.options.Options` a run tree is driven with (:func:`build_options`),
 * the journal record of a run's options (:func:`stored_options`), and back from it to keyword
   options for ``rlm resume`` (:func:`resume_options`) or to :class:`~rlm.options.Options` for
-  ``rlm replay`` (:func:`replay_options`).
+  ``rlm replay`` (:func:`replay_options`);
+* the arguments of :func:`rlm.context.load_context` among the keyword options
+  (:func:`context_options`); the journal keeps them in the record's ``context_spec``.
 
 Which option goes where is declared in :data:`rlm.options.OPTIONS` (``stored``,
 ``budget_field``, ``embedded_default``...); only the endpoint's options and ``price_file``
@@ -76,22 +78,32 @@ def stored_options(opts: Options, ctx: Any) -> dict:
 
     Args:
         opts: the run's :class:`Options`.
-        ctx: its loaded context (``source``, ``fmt``, ``encoding``, ``sha256``).
+        ctx: its loaded context (``source``, ``fmt``, ``encoding``, ``sha256``, ``spec``).
     Returns:
         every ``stored`` option that is an :class:`Options` attribute, ``embedded`` (bool),
         ``budget`` (:meth:`Budget.to_dict`), and ``context_source`` (absolute path, or None for
-        a value or stdin), ``context_fmt``, ``context_encoding``, ``context_sha256``. Never the
-        API key.
+        a value, stdin or a many-file context), ``context_spec`` (a directory/glob/paths
+        context: ``{sources, include, exclude, max_bytes}`` to load it again, else None),
+        ``context_fmt``, ``context_encoding``, ``context_sha256``. Never the API key.
     """
     d = {opt.name: getattr(opts, opt.name) for opt in OPTIONS if opt.stored and opt.has_attribute}
     d["embedded"] = opts.embedded
     d["budget"] = opts.budget.to_dict()
     d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
-        "<value>", "<stdin>", "<bytes>") else None
+        "<value>", "<stdin>", "<bytes>") and ctx.fmt != "bundle" else None
+    d["context_spec"] = getattr(ctx, "spec", None)
     d["context_fmt"] = ctx.fmt
     d["context_encoding"] = getattr(ctx, "encoding", "utf-8")
     d["context_sha256"] = ctx.sha256
     return d
+
+
+def context_options(o: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`rlm.context.load_context` among keyword options:
+    ``encoding``, ``include``/``exclude`` (a pattern becomes a one-item list), ``max_bytes``."""
+    pats = {k: [o[k]] if isinstance(o.get(k), str) else (list(o[k]) if o.get(k) else None)
+            for k in ("include", "exclude")}
+    return {"encoding": o.get("encoding"), "max_bytes": o.get("max_context_bytes"), **pats}
 
 
 def _recorded(opt: Option, stored: Mapping[str, Any]) -> Any:

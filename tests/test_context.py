@@ -59,10 +59,16 @@ def test_directory(refuse, tmp_path):
     assert_clean_error(refuse(str(tmp_path / "adir")), 2, "directory")
 
 
-def test_non_utf8_file(refuse, tmp_path):
+def test_non_utf8_file_with_explicit_utf8(refuse, tmp_path):
+    """Detection is the default; an explicit --encoding is strict and says where it failed."""
     (tmp_path / "latin.txt").write_bytes("Le café est très bon. Ça va?\n".encode("latin-1"))
-    res = refuse(str(tmp_path / "latin.txt"))
+    res = refuse(str(tmp_path / "latin.txt"), "--encoding", "utf-8")
     assert_clean_error(res, 2, "not valid utf-8", r"--encoding latin-1", "byte 6")
+
+
+def test_undetectable_bytes_are_refused(refuse, tmp_path):
+    (tmp_path / "noise.txt").write_bytes(bytes(range(128, 256)) * 8)
+    assert_clean_error(refuse(str(tmp_path / "noise.txt")), 2, "not valid UTF-8", "--encoding")
 
 
 def test_unknown_encoding(refuse, tmp_path):
@@ -155,7 +161,7 @@ def test_load_context_values_and_paths(tmp_path):
                                           ({"k": object()}, "JSON-like")])
 def test_load_context_refuses(value, needle):
     with pytest.raises(rlm.ContextError, match=f"(?i){needle}"):
-        _load(value)
+        _load(value, encoding="utf-8")
 
 
 def test_undecodable_bytes_past_the_first_64k_are_refused(tmp_path):

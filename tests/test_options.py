@@ -175,11 +175,13 @@ def test_argparse_accepts_every_flag_of_every_command():
         takes = [o for o in OPTIONS if o.flag and command in o.commands]
         argv = _argv(command)
         for o in takes:
-            argv += [o.flag, _sample(o)]
+            argv += [o.flag, _sample(o)] + ([o.flag, _sample(o) + "2"] if o.repeat else [])
         args = parser.parse_args(argv)
         got = options_from_args(args, command)
         want = {o.name: (o.type(_sample(o)) if o.type in (int, float) else _sample(o))
                 for o in takes}
+        # a repeatable flag (--include, --exclude) gives the list of its values
+        want.update({o.name: [_sample(o), _sample(o) + "2"] for o in takes if o.repeat})
         assert got == want, command
         # nothing given: nothing passed on, so the run's defaults apply
         assert options_from_args(parser.parse_args(_argv(command)), command) == {}
@@ -241,6 +243,9 @@ def test_every_range_error_names_its_flag(opt):
     ({"base_url": "ftp://x"}, "--base-url must be an http:// or https:// URL, got 'ftp://x'"),
     ({"run_id": "  "}, "--run-id must not be empty"),
     ({"divergence": "maybe"}, "divergence must be 'stop' or 'live'"),
+    ({"include": 3}, "--include must be a glob pattern or a list of them, got 3"),
+    ({"exclude": ["*.py", None]}, "--exclude must be a glob pattern or a list of them, got "
+                                  "['*.py', None]"),
     ({"model": "m"}, "--model 'm' needs an endpoint: pass --base-url (or set OPENAI_BASE_URL / "
                      "OPENAI_API_KEY); without one the embedded model is used, chosen with "
                      "--embedded-model"),
