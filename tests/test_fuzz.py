@@ -32,9 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-import pytest
 
-from conftest import API_KEY, MODEL, clean_env, is_root, repl, script
+from conftest import API_KEY, MODEL, clean_env, repl, script
 from scripted_server import Reply, ScriptedServer
 
 TRIALS = int(os.environ.get("RLM_FUZZ_TRIALS", "12"))
