@@ -2,7 +2,7 @@
 and :func:`replay` (results are :class:`~rlm.result.Result`).
 
 Each call checks its options (:mod:`rlm.options`), loads the context, decides what a known run id
-means (:mod:`harness.replay`) and hands the run to :func:`rlm.run_tree.drive`.
+means (:mod:`harness.replay`) and hands the run to :func:`rlm.drive.drive`.
 
 >>> import rlm
 >>> res = rlm.completion(Path("essays.txt"), "What is the magic number?",
@@ -23,7 +23,7 @@ from .options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_end
 from .records import find_run, open_journal, spec_options, stored_context, stored_source
 from .result import Result
 from .run_config import build_options, context_options, replay_options, resume_options
-from .run_tree import drive
+from .drive import drive
 
 
 class RLM:

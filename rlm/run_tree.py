@@ -6,7 +6,7 @@ listener is the journal), the kernel pool and the bridge server. Each RLM loop (
 every child, :class:`rlm.loop.RLMLoop`) borrows a kernel from it and sends every model call
 through :meth:`RunTree.model_call`: nothing else talks to a model.
 
-:func:`drive` runs a whole tree: it records the run in the journal, keeps its heartbeat, runs
+:func:`rlm.drive.drive` runs a whole tree: it records the run in the journal, keeps its heartbeat, runs
 the root loop inside the ``run`` stage, and always shuts every kernel down.
 
 Run control (:mod:`harness.control`): the run has a :class:`~harness.control.CancelScope`;
@@ -37,16 +37,14 @@ from harness.errors import BudgetExceeded, DivergenceError, HarnessError
 from harness.journal import request_hash
 from harness.prices import PriceTable
 from harness.replay import Replay
-from harness.stages import Kind, StageScope, StageTree, Status, cancel_open
+from harness.stages import Kind, StageScope, StageTree
 from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
 from kernels.kernel import Kernel, KernelPool
 
 from .clients import Completion, ModelClient
-from .context import LoadedContext
-from .errors import ConfigError, EndpointError, RLMError
+from .errors import EndpointError, RLMError
 from .options import Options
-from .result import Result, usage_summary
 from .tokens import count_messages
 
 log = logging.getLogger("rlm")
@@ -171,53 +169,8 @@ class RunTree:
                     comp = Completion.from_record(rec["response"], model)
                     st.evidence, st.meta = comp.text, dict(comp.meta(), replayed=True)
                     return comp
-            pt = prompt_estimate(messages) if self._need_count else 0
-            try:
-                self.check_scope(scope)  # cancelled (a cell's interrupt): nothing is sent
-                self.accountant.check_wall()
-                probe = self._calibration_turn(model, scope)
-                try:
-                    resv = self.accountant.reserve(model, pt, max_tokens, stage_id=st.id)
-                except BaseException:
-                    self._probe_done(model, probe)
-                    raise
-            except BudgetExceeded as exc:
-                # journaled with the stage, so a replay refuses this call the same way
-                st.meta = {"refused": {"cap": exc.cap, "limit": exc.limit, "used": exc.used,
-                                       "requested": exc.requested}}
-                raise
-            ledger = f"{self.attempt}-{resv.id}"
-            try:
-                permit = self._permit(scope)
-                try:
-                    self._ledger(st.id, ledger, "reserved", resv)  # durable before sending
-                except BaseException:
-                    permit.release()
-                    raise
-            except BaseException:
-                self.accountant.release(resv)
-                self._probe_done(model, probe)
-                raise
-            st.start()
-            # abandoned (the cell interrupted): free the place now, the call ends on its own
-            unhook = scope.on_cancel(permit.release)
-            try:
-                comp = self._send(messages, model, max_tokens, st.id, scope)
-            except BaseException:
-                self.accountant.release(resv)
-                self._probe_done(model, probe)
-                self._ledger(st.id, ledger, "released", resv, quiet=True)
-                raise
-            finally:
-                unhook()
-                permit.release()
-            comp.text, comp.reasoning = clean_text(comp.text), clean_text(comp.reasoning or "")
-            try:
-                cost = self.accountant.settle(resv, comp.prompt_tokens, comp.completion_tokens,
-                                              comp.cost_usd)
-            finally:
-                self._probe_done(model, probe)  # settled: the model is calibrated now
-            self._ledger(st.id, ledger, "settled", resv, comp=comp, cost=cost, quiet=True)
+            resv, probe = self._admit(st, model, messages, max_tokens, scope)
+            comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope)
             st.add_usage(comp.prompt_tokens, comp.completion_tokens, cost)
             st.evidence, st.meta = comp.text, comp.meta()
         if self.opts.journal is not None:
@@ -228,6 +181,69 @@ class RunTree:
                        "estimated": comp.usage_estimated},
                 attempts=comp.attempts, replace=self.recorded is not None)
         return comp
+
+    def _admit(self, st: StageScope, model: str, messages: list[dict], max_tokens: int,
+               scope: CancelScope) -> tuple:
+        """Admission of one call (its stage still pending): not cancelled, inside the wall cap,
+        a calibrated reservation granted. Returns ``(reservation, calibration probe)``.
+
+        Raises:
+            BudgetExceeded: refused; the refusal is kept in the stage's meta, so a replay
+                refuses the same call the same way. Cancelled: ``scope`` was cancelled.
+        """
+        pt = prompt_estimate(messages) if self._need_count else 0
+        try:
+            self.check_scope(scope)  # cancelled (a cell's interrupt): nothing is sent
+            self.accountant.check_wall()
+            probe = self._calibration_turn(model, scope)
+            try:
+                return self.accountant.reserve(model, pt, max_tokens, stage_id=st.id), probe
+            except BaseException:
+                self._probe_done(model, probe)
+                raise
+        except BudgetExceeded as exc:
+            st.meta = {"refused": {"cap": exc.cap, "limit": exc.limit, "used": exc.used,
+                                   "requested": exc.requested}}
+            raise
+
+    def _send_admitted(self, st: StageScope, resv: Any, probe: Any, messages: list[dict],
+                       model: str, max_tokens: int, scope: CancelScope) -> tuple:
+        """Send an admitted call: a concurrency place, the reservation durable in the spend
+        ledger *before* sending, the call, then settlement. Returns ``(completion, cost USD)``.
+        On any failure the reservation is released (and the ledger says so)."""
+        ledger = f"{self.attempt}-{resv.id}"
+        try:
+            permit = self._permit(scope)
+            try:
+                self._ledger(st.id, ledger, "reserved", resv)  # durable before sending
+            except BaseException:
+                permit.release()
+                raise
+        except BaseException:
+            self.accountant.release(resv)
+            self._probe_done(model, probe)
+            raise
+        st.start()
+        # abandoned (the cell interrupted): free the place now, the call ends on its own
+        unhook = scope.on_cancel(permit.release)
+        try:
+            comp = self._send(messages, model, max_tokens, st.id, scope)
+        except BaseException:
+            self.accountant.release(resv)
+            self._probe_done(model, probe)
+            self._ledger(st.id, ledger, "released", resv, quiet=True)
+            raise
+        finally:
+            unhook()
+            permit.release()
+        comp.text, comp.reasoning = clean_text(comp.text), clean_text(comp.reasoning or "")
+        try:
+            cost = self.accountant.settle(resv, comp.prompt_tokens, comp.completion_tokens,
+                                          comp.cost_usd)
+        finally:
+            self._probe_done(model, probe)  # settled: the model is calibrated now
+        self._ledger(st.id, ledger, "settled", resv, comp=comp, cost=cost, quiet=True)
+        return comp, cost
 
     def _lookup(self, call_id: str, rh: str) -> dict | None:
         try:
@@ -415,79 +431,3 @@ def prompt_estimate(messages: list[dict]) -> int:
     still covered by the estimate; the accountant's calibration covers the rest."""
     chars = sum(len(str(m.get("content") or "")) for m in messages)
     return max(count_messages(messages), (chars + 3) // 4 + 3 + 4 * len(messages))
-
-
-def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str | None = None,
-          recorded: Replay | None = None, client: ModelClient | None = None,
-          record: bool = True) -> Result:
-    """Drive one run tree to its end and return the :class:`~rlm.result.Result`.
-
-    The journal (``opts.journal``, unless ``record=False``) gets the run record (unless
-    resuming: it exists), a heartbeat while it runs, every stage event, model call and cell,
-    and the final status. Kernels are always shut down.
-
-    Raises:
-        ConfigError: a cost cap without a price for one of the run's models (before anything
-            is journaled or started).
-        RLMError, DivergenceError: an unrecoverable failure (endpoint, kernel, divergence);
-            the partial :class:`Result` is attached as ``exc.result``.
-        KeyboardInterrupt: interrupted; the run is journaled as ``cancelled``.
-    """
-    from .loop import RLMLoop
-    t0 = time.monotonic()
-    if isinstance(query, str):
-        query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
-    run = RunTree(opts, run_id=run_id, recorded=recorded, client=client)
-    if opts.budget.max_cost_usd is not None:
-        try:
-            run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
-                                                     opts.child_model) if m})
-        except Exception as exc:
-            run.close()
-            raise ConfigError(str(exc)) from None
-    journal = opts.journal if record else None
-    heartbeat = None
-    if journal is not None:
-        if recorded is None:
-            from .run_config import stored_options
-            journal.create_run(run.run_id, query=query or "", model=opts.model,
-                               sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
-                               options=stored_options(opts, ctx))
-        heartbeat = journal.start_heartbeat(run.run_id)
-    status, answer, reason, cap, raised = "failed", None, "", None, None
-    root = None
-    try:
-        with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
-            root = RLMLoop(run, scope.id, 0, ctx, query, opts.model)
-            out = run.run_bounded(root.run)
-            answer, status, reason = out.answer, out.status, out.reason
-            scope.evidence = answer
-            if status != "completed":
-                scope.finish(Status.failed, reason or None)
-    except BudgetExceeded as exc:
-        status, reason, cap = "budget_exceeded", str(exc), exc.cap
-        answer = root.partial_answer() if root is not None else None
-    except KeyboardInterrupt:
-        status, reason, raised = "cancelled", "interrupted", KeyboardInterrupt()
-    except (RLMError, DivergenceError) as exc:
-        status, reason, raised = "failed", str(exc), exc
-    finally:
-        run.close()
-        cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
-                    or raised is not None else "failed")
-    res = Result(answer=answer, status=status, run_id=run.run_id,
-                 iterations=root.iterations if root else 0, usage=usage_summary(run.tree),
-                 reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
-                 max_level=run.tree.max_level(), kernels_started=run.kernels_started,
-                 seconds=time.monotonic() - t0,
-                 replayed_calls=recorded.served if recorded else 0, tree=run.tree)
-    if journal is not None:
-        if heartbeat is not None:
-            heartbeat.stop()
-        journal.finish_run(run.run_id, status=status, answer=answer,
-                           usage=res.journal_usage(), error=reason or None)
-    if raised is not None:
-        if not isinstance(raised, KeyboardInterrupt):
-            raised.result = res  # type: ignore[attr-defined]
-        raise raised
-    return res

@@ -27,7 +27,7 @@ import json
 from typing import TYPE_CHECKING, Any, Callable
 
 from harness.control import Cancelled, CancelScope, Task, wait_all
-from harness.errors import BudgetExceeded, DivergenceError, IllegalTransition
+from harness.errors import BudgetExceeded, DivergenceError
 from harness.stages import Kind, Stage, Status
 from kernels.bridge import BridgeError
 from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error, item_ok
@@ -164,11 +164,10 @@ class Subcalls:
         for task, st in zip(tasks, stages):
             if task.state == "cancelled":
                 dropped += 1
-                try:
-                    run.tree.transition(st.id, Status.pending, Status.cancelled,
-                                        error=f"cancelled before it was sent ({scope.reason})")
-                except (IllegalTransition, KeyError):
-                    pass  # already ended (e.g. the run closed)
+                # never started: pending -> cancelled (a stage the run already ended stays so)
+                with run.stage(existing=st, start=False) as never_sent:
+                    never_sent.finish(Status.cancelled,
+                                      f"cancelled before it was sent ({scope.reason})")
             elif not task.done():
                 abandoned += 1
         if dropped or abandoned:

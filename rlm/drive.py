@@ -1,0 +1,94 @@
+"""Driving one whole run: :func:`drive` makes the :class:`~rlm.run_tree.RunTree`, records the
+run in the journal with a heartbeat, runs the root :class:`~rlm.loop.RLMLoop` inside the ``run``
+stage, maps how it ended to a status, and always shuts every kernel down."""
+from __future__ import annotations
+
+import time
+
+from harness.errors import BudgetExceeded, DivergenceError
+from harness.replay import Replay
+from harness.stages import Kind, Status, cancel_open
+from harness.text import clean_text
+
+from .clients import ModelClient
+from .context import LoadedContext
+from .errors import ConfigError, RLMError
+from .options import Options
+from .result import Result, usage_summary
+from .run_tree import RunTree
+
+
+def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str | None = None,
+          recorded: Replay | None = None, client: ModelClient | None = None,
+          record: bool = True) -> Result:
+    """Drive one run tree to its end and return the :class:`~rlm.result.Result`.
+
+    The journal (``opts.journal``, unless ``record=False``) gets the run record (unless
+    resuming: it exists), a heartbeat while it runs, every stage event, model call and cell,
+    and the final status. Kernels are always shut down.
+
+    Raises:
+        ConfigError: a cost cap without a price for one of the run's models (before anything
+            is journaled or started).
+        RLMError, DivergenceError: an unrecoverable failure (endpoint, kernel, divergence);
+            the partial :class:`Result` is attached as ``exc.result``.
+        KeyboardInterrupt: interrupted; the run is journaled as ``cancelled``.
+    """
+    from .loop import RLMLoop
+    t0 = time.monotonic()
+    if isinstance(query, str):
+        query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
+    run = RunTree(opts, run_id=run_id, recorded=recorded, client=client)
+    if opts.budget.max_cost_usd is not None:
+        try:
+            run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
+                                                     opts.child_model) if m})
+        except Exception as exc:
+            run.close()
+            raise ConfigError(str(exc)) from None
+    journal = opts.journal if record else None
+    heartbeat = None
+    if journal is not None:
+        if recorded is None:
+            from .run_config import stored_options
+            journal.create_run(run.run_id, query=query or "", model=opts.model,
+                               sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
+                               options=stored_options(opts, ctx))
+        heartbeat = journal.start_heartbeat(run.run_id)
+    status, answer, reason, cap, raised = "failed", None, "", None, None
+    root = None
+    try:
+        with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
+            root = RLMLoop(run, scope.id, 0, ctx, query, opts.model)
+            out = run.run_bounded(root.run)
+            answer, status, reason = out.answer, out.status, out.reason
+            scope.evidence = answer
+            if status != "completed":
+                scope.finish(Status.failed, reason or None)
+    except BudgetExceeded as exc:
+        status, reason, cap = "budget_exceeded", str(exc), exc.cap
+        answer = root.partial_answer() if root is not None else None
+    except KeyboardInterrupt:
+        status, reason, raised = "cancelled", "interrupted", KeyboardInterrupt()
+    except (RLMError, DivergenceError) as exc:
+        status, reason, raised = "failed", str(exc), exc
+    finally:
+        run.close()
+        cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
+                    or raised is not None else "failed")
+    res = Result(answer=answer, status=status, run_id=run.run_id,
+                 iterations=root.iterations if root else 0, usage=usage_summary(run.tree),
+                 reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
+                 max_level=run.tree.max_level(), kernels_started=run.kernels_started,
+                 seconds=time.monotonic() - t0,
+                 replayed_calls=recorded.served if recorded else 0, tree=run.tree)
+    if journal is not None:
+        if heartbeat is not None:
+            heartbeat.stop()
+        journal.finish_run(run.run_id, status=status, answer=answer,
+                           usage=res.journal_usage(), error=reason or None)
+    if raised is not None:
+        if not isinstance(raised, KeyboardInterrupt):
+            raised.result = res  # type: ignore[attr-defined]
+        raise raised
+    return res
