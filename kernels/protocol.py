@@ -52,8 +52,11 @@ class Op:
     * ``LLM_QUERY``: ``prompt`` (str), ``model`` (str or None). Value: the reply text (str).
     * ``LLM_QUERY_BATCHED``: ``prompts`` (list[str]), ``model``. Value: a list of items.
     * ``RLM``: ``prompt`` (str, list or dict: the child's context), ``query`` (str or
-      None), ``model``. Value: the child's answer (str).
-    * ``RLM_BATCHED``: ``prompts`` (list), ``query``, ``model``. Value: a list of items.
+      None), ``model``, ``schema`` (a JSON Schema dict the child's FINAL value must
+      validate against, or None). Value: the child's answer (str; canonical JSON text of
+      the checked value when ``schema`` is given).
+    * ``RLM_BATCHED``: ``prompts`` (list), ``query``, ``model``, ``schema``. Value: a list
+      of items.
     """
 
     LLM_QUERY = "llm_query"

@@ -158,27 +158,52 @@ def llm_query_batched(prompts, model=None, return_exceptions=False):
     return _batch_results(values, return_exceptions, Op.LLM_QUERY_BATCHED)
 
 
-def rlm(prompt, query=None, model=None):
+def rlm(prompt, query=None, model=None, schema=None):
     """A child RLM whose kernel holds ``prompt`` as its ``context``; returns its answer (str).
 
     At the depth limit this is a plain completion instead. A failed child raises
     ChildRLMError (with ``status`` and ``reason``), never returns a failure as text;
-    otherwise raises as :func:`llm_query` does.
+    otherwise raises as :func:`llm_query` does. With ``schema`` (a JSON Schema dict, or a
+    pydantic model class) the child's FINAL value must validate against it before the host
+    accepts it, and the checked value comes back decoded (a dict, list, ...), not as text.
     """
     if not isinstance(prompt, (str, list, dict)):
         prompt = str(prompt)
-    return _call(Op.RLM, prompt=prompt, query=query, model=model)
+    schema = _schema(schema)
+    value = _call(Op.RLM, prompt=prompt, query=query, model=model, schema=schema)
+    return _checked(value, schema)
 
 
-def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
+def rlm_batched(prompts, query=None, model=None, return_exceptions=False, schema=None):
     """Many child RLMs, run concurrently by the host; answers in input order (list[str]).
 
     Failed items raise BatchError, or come back in place with ``return_exceptions=True``,
-    as in :func:`llm_query_batched`.
+    as in :func:`llm_query_batched`. ``schema`` checks every child's answer as in :func:`rlm`.
     """
     prompts = [p if isinstance(p, (str, list, dict)) else str(p) for p in prompts]
-    values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model)
-    return _batch_results(values, return_exceptions, Op.RLM_BATCHED)
+    schema = _schema(schema)
+    values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model, schema=schema)
+    results = _batch_results(values, return_exceptions, Op.RLM_BATCHED)
+    return [r if isinstance(r, BaseException) else _checked(r, schema) for r in results]
+
+
+def _schema(schema):
+    """A JSON Schema dict from ``schema`` (a dict, a pydantic model class, or None)."""
+    if schema is None or isinstance(schema, dict):
+        return schema
+    if hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    raise TypeError("schema must be a JSON Schema dict or a pydantic model class")
+
+
+def _checked(value, schema):
+    """The child's checked answer decoded from its JSON text (unchanged without a schema)."""
+    if schema is None or not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def FINAL(value):

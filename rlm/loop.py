@@ -23,6 +23,7 @@ from .context import LoadedContext, describe
 from .errors import KernelError
 from .parsing import code_blocks, prose_final
 from .run_tree import RunTree
+from .schema import AnswerCheck
 from .subcalls import Subcalls
 
 
@@ -54,8 +55,11 @@ class RLMLoop:
     """
 
     def __init__(self, run: RunTree, stage_id: str, level: int, context: LoadedContext,
-                 query: str | None, model: str) -> None:
+                 query: str | None, model: str, check: AnswerCheck | None = None) -> None:
         self.run_tree, self.stage_id, self.level = run, stage_id, level
+        # what FINAL must pass (rlm.schema): the run's answer_schema/verify at the root,
+        # the schema of rlm(..., schema=) for a child
+        self.check = check if check is not None or level else AnswerCheck.from_options(run.opts)
         self.context, self.query, self.model = context, query, model
         self.subcalls = Subcalls(self)
         self.kernel: Kernel | None = None
@@ -88,8 +92,10 @@ class RLMLoop:
                                        sub_chars=opts.sub_prompt_chars,
                                        max_output=opts.max_output_chars,
                                        template=opts.system_template)
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": prompts.first_user(self.query)}]
+        task = prompts.first_user(self.query)
+        if self.check is not None:
+            task += "\n\n" + self.check.instructions()
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         self._kernel_future = self.run_tree.executor.submit(self._new_kernel)
         turns = max(1, opts.budget.max_iterations)
         for i in range(turns + 1):
@@ -135,6 +141,8 @@ class RLMLoop:
         run, opts = self.run_tree, self.run_tree.opts
         feedback: list[str] = []
         for j, code in enumerate(blocks):
+            if run.fatal is not None:  # a divergence or a cancel: run no further cell
+                raise run.fatal
             with run.stage(iteration, Kind.cell, self.level) as cell:
                 self.current_cell = cell.id
                 try:
@@ -144,6 +152,12 @@ class RLMLoop:
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = {"code": code, "output": out, "final": res.final,
                                  "timed_out": res.timed_out, "died": res.died}
+                if res.final is not None and self.check is not None:
+                    verdict = self.check.check(res.final)  # the FINAL-acceptance gate
+                    cell.evidence["check"] = verdict.evidence()
+                    res.final = verdict.answer
+                    if not verdict.ok:
+                        out = (out + "\n" if out else "") + verdict.feedback()
                 if res.error:
                     cell.finish(Status.failed, res.error)
             if opts.journal is not None:

@@ -83,6 +83,10 @@ class Options:
     embedded: bool = False
     system_template: str | None = None
     on_progress: Callable[[str], None] | None = None
+    # embedding (rlm.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
+    answer_schema: dict | None = None
+    verify: Callable[[Any], Any] | None = None
+    cancel: Any = None
 
 
 #: The embedded model used when no endpoint is configured and none is named (the one spelling of
@@ -347,6 +351,18 @@ OPTIONS: tuple[Option, ...] = (
            doc="system prompt template replacing `rlm.prompts.SYSTEM` (same `{fields}`)"),
     Option("on_progress", None, object,
            doc="callable taking one progress line (str); the CLI prints them unless `-q`"),
+    # -- embedding: checked answers, cancellation (rlm.schema, rlm.aio) -------------------------
+    Option("answer_schema", "--answer-schema", object, metavar="FILE.json", commands=(RUN,),
+           stored=True, empty_is_unset=True,
+           help="JSON Schema file the FINAL value must validate against; an invalid value is "
+                "refused and the model told why",
+           doc="JSON Schema the FINAL value must match (a dict, a JSON file, a dataclass or a "
+               "pydantic model); see [Embedding](#embedding)"),
+    Option("verify", None, object,
+           doc="callable gate on the FINAL value: True/None accepts, False or a reason refuses"),
+    Option("cancel", None, object,
+           doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
+               "journaled `cancelled`, resumable)"),
 )
 
 #: Every accepted keyword name (frozenset of str).

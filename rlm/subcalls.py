@@ -25,6 +25,7 @@ from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error
 from . import prompts
 from .context import load_context
 from .errors import ChildRLMError, RLMError
+from .schema import AnswerCheck, checked_completion, to_json_schema
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import RLMLoop
@@ -81,10 +82,12 @@ class Subcalls:
             if op == Op.LLM_QUERY:
                 return self.llm_query(parent, str(args.get("prompt", "")), model)
             if op == Op.RLM:
-                return self.rlm(parent, args.get("prompt"), args.get("query"), model)
+                return self.rlm(parent, args.get("prompt"), args.get("query"), model,
+                                schema=to_json_schema(args.get("schema")))
             if op in BATCHED_OPS:
                 return self._batched(op, parent, list(args.get("prompts") or []),
-                                     args.get("query"), model)
+                                     args.get("query"), model,
+                                     schema=to_json_schema(args.get("schema")))
         except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError) as exc:
             raise to_bridge_error(exc) from None
         raise BridgeError(ErrorKind.SUBCALL_ERROR, f"unknown operation {op!r}")
@@ -94,7 +97,7 @@ class Subcalls:
         return {m for m in (o.model, o.sub_model, o.child_model) if m}
 
     def _batched(self, op: str, parent: str, items: list, query: str | None,
-                 model: str | None) -> list:
+                 model: str | None, schema: dict | None = None) -> list:
         self.run_tree.accountant.check_children(0, len(items))
         if op == Op.LLM_QUERY_BATCHED:
             # stages (and so ordinals) are made here, in input order, before anything runs
@@ -103,7 +106,7 @@ class Subcalls:
                    for p, s in zip(items, stages)]
         else:
             stages = [self._plan_rlm(parent, model) for _ in items]
-            fns = [lambda p=p, s=s: self.rlm(parent, p, query, model, s)
+            fns = [lambda p=p, s=s: self.rlm(parent, p, query, model, s, schema)
                    for p, s in zip(items, stages)]
         return self._gather(fns)
 
@@ -153,7 +156,7 @@ class Subcalls:
         return self._sub_stage(parent, Kind.fallback, model)
 
     def rlm(self, parent: str, prompt: Any, query: str | None, model: str | None,
-            stage: Stage | None = None) -> str:
+            stage: Stage | None = None, schema: dict | None = None) -> str:
         """One ``rlm(prompt, query)``: a child RLM's answer, or a fallback completion.
 
         Raises:
@@ -162,11 +165,15 @@ class Subcalls:
             BudgetExceeded, EndpointError: from a fallback completion.
         """
         st = stage or self._plan_rlm(parent, model)
+        check = AnswerCheck(schema) if schema is not None else None  # rlm(..., schema=)
         if st.kind == Kind.fallback:
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+            if check is not None:
+                return checked_completion(self.run_tree, st, prompts.subcall_prompt(text, query),
+                                          check)
             return self._plain_completion(st, prompts.subcall_prompt(text, query))
         try:
-            return self._child(st, prompt, query)
+            return self._child(st, prompt, query, check)
         except ChildRLMError:
             raise
         except BudgetExceeded as exc:
@@ -176,7 +183,8 @@ class Subcalls:
             raise ChildRLMError(f"child RLM {st.id} failed: {type(exc).__name__}: {exc}",
                                 "failed", str(exc)) from None
 
-    def _child(self, stage: Stage, prompt: Any, query: str | None) -> str:
+    def _child(self, stage: Stage, prompt: Any, query: str | None,
+               check: AnswerCheck | None = None) -> str:
         from .loop import RLMLoop
         run = self.run_tree
         with run.stage(existing=stage) as sc:
@@ -184,7 +192,7 @@ class Subcalls:
                 ctx = load_context(prompt)
             except RLMError as exc:
                 raise ChildRLMError(f"child RLM not started: {exc}", "failed", str(exc)) from None
-            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model)
+            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model, check)
             run.progress(f"level {sc.level}: child {sc.id} started")
             try:
                 out = child.run()
