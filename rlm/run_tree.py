@@ -231,6 +231,8 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     from .loop import RLMLoop
     t0 = time.monotonic()
     run = RunTree(opts, run_id=run_id, recorded=recorded, client=client)
+    if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
+        opts.cancel.attach(run)
     if opts.budget.max_cost_usd is not None:
         try:
             run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
@@ -242,7 +244,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     heartbeat = None
     if journal is not None:
         if recorded is None:
-            from .api import stored_options
+            from .run_config import stored_options
             journal.create_run(run.run_id, query=query or "", model=opts.model,
                                sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
                                options=stored_options(opts, ctx))
