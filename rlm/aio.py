@@ -87,17 +87,31 @@ def _safe(fn: Callable[[dict], None]) -> Callable[[dict], None]:
 
 
 def _stop(run: Any) -> None:
-    """Mark ``run`` cancelled and interrupt its kernels (the loops then raise RunCancelled)."""
+    """Mark ``run`` cancelled and interrupt its kernels until it has wound down.
+
+    Every later model call raises :class:`RunCancelled`; the loops check it before each cell
+    and after it. The kernels are interrupted again every 0.2 s until the run tree closes, so
+    a cell that was starting when the cancel came (or that catches one KeyboardInterrupt)
+    stops too."""
     with run._lock:
-        if run.fatal is None or not isinstance(run.fatal, RunCancelled):
+        if not isinstance(run.fatal, RunCancelled):
             run.fatal = RunCancelled("the run was cancelled")
-    for loop in list(run.loops):
-        k = loop.kernel
-        if k is not None:
-            try:
-                k.interrupt()
-            except Exception:  # noqa: BLE001 - a kernel already gone needs no interrupt
-                pass
+
+    def interrupt_all() -> None:
+        for loop in list(run.loops):
+            k = loop.kernel
+            if k is not None and not getattr(loop, "_closed", False):
+                try:
+                    k.interrupt()
+                except Exception:  # noqa: BLE001 - a kernel already gone needs no interrupt
+                    pass
+
+    def keep_interrupting() -> None:
+        interrupt_all()
+        while not run.cancelled.wait(0.2):  # set by RunTree.close()
+            interrupt_all()
+
+    threading.Thread(target=keep_interrupting, name="rlm-cancel", daemon=True).start()
 
 
 def _in_thread(fn: Callable[[], Any]) -> asyncio.Future:

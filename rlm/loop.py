@@ -159,7 +159,9 @@ class RLMLoop:
                     if not verdict.ok:
                         out = (out + "\n" if out else "") + verdict.feedback()
                 if res.error:
-                    cell.finish(Status.failed, res.error)
+                    # a cell interrupted by a cancel of the run was cancelled, not failed
+                    cell.finish(Status.cancelled if isinstance(run.fatal, KeyboardInterrupt)
+                                else Status.failed, res.error)
             if opts.journal is not None:
                 opts.journal.record_cell(run.run_id, cell.id, code,
                                          {"output": out, "error": res.error, "final": res.final})
