@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("run_id", metavar="RUN_ID")
     ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
     add_arguments(ex, "export")
+
+    sv = sub.add_parser("serve", help="serve RLM runs as an OpenAI-compatible chat-completions "
+                        "endpoint (needs the serve extra)", formatter_class=fmt)
+    from .serve import add_arguments as add_serve_arguments
+    add_serve_arguments(sv)
     return parser
 
 
@@ -279,6 +284,11 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from .serve import main as serve_main
+    return serve_main(args)
+
+
 def _terminate(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
@@ -298,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
-                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export}
+                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
+                "serve": _cmd_serve}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:
