@@ -401,7 +401,7 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
     import sys
     print(f"rlm serve: http://{host}:{port}/v1 (model 'rlm'"
           f"{', key required' if api_key else ''})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 # --------------------------------------------------------------------------- the command
