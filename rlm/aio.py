@@ -174,9 +174,8 @@ class AsyncRLM:
             cancel: a :class:`CancelToken` to cancel the run from elsewhere too (optional; one
                 is made per call, cancelled when the awaiting task is).
         Raises:
-            asyncio.CancelledError: the task was cancelled (the run is journaled
-                ``cancelled`` and resumable by its ``run_id``); :class:`RunCancelled` if the
-                token was cancelled without the task being cancelled.
+            asyncio.CancelledError: the task or the token was cancelled (the run is
+                journaled ``cancelled`` and resumable by its ``run_id``).
         """
         token = cancel or CancelToken()
         fut = _in_thread(lambda: self._sync.completion(context, query, cancel=token, **overrides))
