@@ -158,10 +158,11 @@ class RLMLoop:
                     res.final = verdict.answer
                     if not verdict.ok:
                         out = (out + "\n" if out else "") + verdict.feedback()
-                if res.error:
-                    # a cell interrupted by a cancel of the run was cancelled, not failed
-                    cell.finish(Status.cancelled if isinstance(run.fatal, KeyboardInterrupt)
-                                else Status.failed, res.error)
+                if isinstance(run.fatal, KeyboardInterrupt):
+                    # the run was cancelled (rlm.aio) while this cell ran: it was interrupted
+                    cell.finish(Status.cancelled, res.error or "the run was cancelled")
+                elif res.error:
+                    cell.finish(Status.failed, res.error)
             if opts.journal is not None:
                 opts.journal.record_cell(run.run_id, cell.id, code,
                                          {"output": out, "error": res.error, "final": res.final})

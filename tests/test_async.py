@@ -36,30 +36,28 @@ def live_kernels() -> list[psutil.Process]:
 
 
 def test_twenty_concurrent_runs_in_one_event_loop(scripted):
-    latency = 1.0
+    latency = 1.5
     srv = scripted(two_turns, latency=latency)
     o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=False)
 
     async def main():
         t0 = time.monotonic()
-        one = await rlm.acompletion("a b solo", "last word?", **o)
-        single = time.monotonic() - t0
-        t0 = time.monotonic()
         async with rlm.AsyncRLM(**o) as r:
             many = await asyncio.gather(*(r.completion(f"ctx word{i}", "last word?")
                                           for i in range(20)))
-        return one, single, many, time.monotonic() - t0
+        return many, time.monotonic() - t0
 
-    one, single, many, wall = asyncio.run(main())
-    assert one.answer == "solo"
+    many, wall = asyncio.run(main())
     assert [r.answer for r in many] == [f"word{i}" for i in range(20)]
     assert all(r.status == "completed" and r.usage["calls"] == 2 for r in many)
     assert len({r.run_id for r in many}) == 20
-    # each run waits 2 x latency on the model; run one after another they would take 20 x single.
-    # Concurrently the wall is the model latency plus starting 20 kernels on this machine.
-    ideal = 2 * latency
-    print(f"20 runs: {wall:.1f} s (one run {single:.1f} s, ideal {ideal:.1f} s + kernel starts)")
-    assert wall < 20 * single / 2.5
+    # each run waits 2 x latency on the model: one after another, 20 runs wait 60 s for it.
+    # Together the ideal is 2 x latency = 3 s, plus starting 20 kernels on this machine (about
+    # 0.3-0.7 s of CPU each, overlapped with the first model call).
+    ideal, sequential = 2 * latency, 20 * 2 * latency
+    print(f"20 concurrent runs: {wall:.1f} s (ideal {ideal:.1f} s + kernel starts; "
+          f"sequential >= {sequential:.0f} s)")
+    assert wall < sequential / 2
     assert not live_kernels()
 
 
@@ -105,7 +103,7 @@ def test_cancelling_a_run_stops_it_and_the_run_id_resumes(scripted, tmp_path):
     by_id = {s["stage_id"] if "stage_id" in s else s["id"]: s["status"] for s in stages}
     assert by_id["run"] == "cancelled"
     assert "running" not in by_id.values() and "pending" not in by_id.values()
-    assert any(k.endswith("cell-0") and v == "cancelled" for k, v in by_id.items()), by_id
+    assert any(k.endswith("cell-0") and v == "cancelled" for k, v in by_id.items()), (by_id, j.cells("cancel-me"))
 
     # the same run id resumes: the recorded first call is served, only the second is sent
     flag.unlink()
