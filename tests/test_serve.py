@@ -198,3 +198,45 @@ def test_429_when_every_run_slot_is_busy(served, tmp_path):
         for t in threads:
             t.join(timeout=60)
     assert [r.choices[0].message.content for r in results] == ["held"] * SLOTS
+
+
+# --------------------------------------------------------------------------- the mapping alone
+
+def test_request_mapping():
+    from rlm.serve import APIError, request_options
+    ctx, q, o = request_options({"model": "rlm", "messages": [
+        {"role": "system", "content": "doc A"}, {"role": "user", "content": "doc B"},
+        {"role": "assistant", "content": "ignored"},
+        {"role": "user", "content": [{"type": "text", "text": "the question"}]}],
+        "rlm": {"max_depth": 2}, "max_tokens": 5, "temperature": 0.3}, "m")
+    assert (ctx, q) == (["doc A", "doc B"], "the question")
+    assert o == {"max_depth": 2, "temperature": 0.3}  # OpenAI's max_tokens is not ours
+    ctx, q, o = request_options({"model": "rlm/big", "context": {"k": [1]},
+                                 "messages": [{"role": "user", "content": "q"}],
+                                 "response_format": {"type": "json_object"}}, "m")
+    assert (ctx, q, o) == ({"k": [1]}, "q", {"model": "big", "answer_schema": {"type": "object"}})
+    assert request_options({"messages": [{"role": "user", "content": "only"}]}, "m")[:2] == \
+        ("only", "only")
+    for body, status in [([], 400), ({"messages": [{"role": "system", "content": "x"}]}, 400),
+                         ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404),
+                         ({"messages": [{"role": "user", "content": "x"}],
+                           "response_format": {"type": "json_schema"}}, 400)]:
+        with pytest.raises(APIError) as e:
+            request_options(body, "m")
+        assert e.value.status == status
+
+
+def test_run_outcomes_map_to_status_codes():
+    from rlm.result import Result
+    from rlm.serve import APIError, _check_result
+    for status, cap, code in [("budget_exceeded", "wall", 504), ("budget_exceeded", "cost", 402),
+                              ("failed", None, 500)]:
+        with pytest.raises(APIError) as e:
+            _check_result(Result(answer="partial", status=status, run_id="r", cap=cap))
+        assert e.value.status == code and e.value.body["error"]["run_id"] == "r"
+    _check_result(Result(answer="a", status="completed", run_id="r"))
+
+
+def test_serve_refuses_a_non_loopback_bind_without_a_key(cli):
+    r = cli("serve", "--host", "0.0.0.0", "--port", str(closed_port()), timeout=60)
+    assert r.rc == 2 and "needs --api-key" in r.stderr
