@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_views import extend_parser  # rlm view, live view, OpenTelemetry flags
     extend_parser(sub, {"run": r, "resume": rs, "replay": rp, "runs": ls, "show": sh,
                         "export": ex})
+
+    sv = sub.add_parser("serve", help="serve RLM runs as an OpenAI-compatible chat-completions "
+                        "endpoint (needs the serve extra)", formatter_class=fmt)
+    from .serve import add_arguments as add_serve_arguments
+    add_serve_arguments(sv)
     return parser
 
 
@@ -288,6 +293,11 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from .serve import main as serve_main
+    return serve_main(args)
+
+
 def _terminate(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
@@ -310,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
-                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export}
+                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
+                "serve": _cmd_serve}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

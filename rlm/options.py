@@ -86,6 +86,10 @@ class Options:
     system_template: str | None = None
     on_progress: Callable[[str], None] | None = None
     listeners: list | None = None
+    # embedding (rlm.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
+    answer_schema: dict | None = None
+    verify: Callable[[Any], Any] | None = None
+    cancel: Any = None
 
 
 #: The embedded model used when no endpoint is configured and none is named (the one spelling of
@@ -353,6 +357,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("listeners", None, list,
            doc="extra stage-tree listeners (callables taking one event dict), after the "
                "journal's: the live view and the OpenTelemetry exporter use it"),
+    # -- embedding: checked answers, cancellation (rlm.schema, rlm.aio) -------------------------
+    Option("answer_schema", "--answer-schema", object, metavar="FILE.json", commands=(RUN,),
+           stored=True, empty_is_unset=True,
+           help="JSON Schema file the FINAL value must validate against; an invalid value is "
+                "refused and the model told why",
+           doc="JSON Schema the FINAL value must match (a dict, a JSON file, a dataclass or a "
+               "pydantic model); see [Embedding](#embedding)"),
+    Option("verify", None, object,
+           doc="callable gate on the FINAL value: True/None accepts, False or a reason refuses"),
+    Option("cancel", None, object,
+           doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
+               "journaled `cancelled`, resumable)"),
 )
 
 #: Every accepted keyword name (frozenset of str).
