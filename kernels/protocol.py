@@ -34,7 +34,7 @@ import struct
 from typing import Any, Mapping
 
 __all__ = [
-    "BATCHED_OPS", "BOOT_CODE", "batch_args_error", "ERROR_ATTRS", "FINAL_ANCHOR", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
+    "BATCHED_OPS", "BOOT_CODE", "batch_args_error", "checked_value", "schema_dict", "ERROR_ATTRS", "FINAL_ANCHOR", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
     "SUBCALL_OPS", "ErrorKind", "Op", "bind_code", "boot_code", "decode_error",
     "encode_error", "encode_frame", "final_value", "is_error_item", "item_error", "item_ok", "parse_final",
     "recv_message", "reply_error", "reply_ok", "request", "send_message",
@@ -52,8 +52,11 @@ class Op:
     * ``LLM_QUERY``: ``prompt`` (str), ``model`` (str or None). Value: the reply text (str).
     * ``LLM_QUERY_BATCHED``: ``prompts`` (list[str]), ``model``. Value: a list of items.
     * ``RLM``: ``prompt`` (str, list or dict: the child's context), ``query`` (str or
-      None), ``model``. Value: the child's answer (str).
-    * ``RLM_BATCHED``: ``prompts`` (list), ``query``, ``model``. Value: a list of items.
+      None), ``model``, ``schema`` (a JSON Schema dict the child's FINAL value must
+      validate against, or None). Value: the child's answer (str; canonical JSON text of
+      the checked value when ``schema`` is given).
+    * ``RLM_BATCHED``: ``prompts`` (list), ``query``, ``model``, ``schema``. Value: a list
+      of items.
     """
 
     LLM_QUERY = "llm_query"
@@ -110,6 +113,31 @@ def batch_args_error(op: str, args: Mapping[str, Any]) -> str | None:
         return None
     return (f"{op}: the argument `prompts` must be a list of prompts, not a "
             f"{type(prompts).__name__}; pass a list such as [prompt1, prompt2]")
+
+
+def schema_dict(schema: Any) -> dict | None:
+    """The wire form of an ``rlm(..., schema=)``: a JSON Schema dict (a dict as given, a
+    pydantic model class's ``model_json_schema()``, or None).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if schema is None or isinstance(schema, dict):
+        return schema
+    if hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    raise TypeError("schema must be a JSON Schema dict or a pydantic model class")
+
+
+def checked_value(value: Any, schema: dict | None) -> Any:
+    """A child's checked answer (canonical JSON text on the wire) decoded; unchanged without a
+    schema or when it is not JSON."""
+    if schema is not None and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return value
 
 
 # --------------------------------------------------------------------------- framing

@@ -12,9 +12,7 @@ After every cell (and before the host reads the answer) everything the host reli
 the kernel is put back: the reserved names, this module's handle, builtins, the modules of
 ``sys.modules``, output capture, the message packer (see "restoring" below), so no cell can
 break the next one or the answer path. The batched functions refuse one str/bytes/dict
-(``TypeError``, nothing sent).
-
-The wire format, the op names and the error kinds are in :mod:`kernels.protocol`.
+(``TypeError``, nothing sent). Wire format, op names, error kinds: :mod:`kernels.protocol`.
 """
 from __future__ import annotations
 
@@ -27,8 +25,9 @@ from collections.abc import Mapping
 
 from harness.text import clean_text
 from kernels.bundle import read_bundle
-from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, decode_error,
-                              encode_frame, final_value, is_error_item, recv_message, request)
+from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, checked_value,
+                              decode_error, encode_frame, final_value, is_error_item,
+                              recv_message, request, schema_dict)
 
 # The module's state survives a re-execution of the module (``importlib.reload`` from a cell).
 _OLD = globals()
@@ -195,29 +194,36 @@ def llm_query_batched(prompts, model=None, return_exceptions=False):
     return _batch_results(values, return_exceptions, Op.LLM_QUERY_BATCHED)
 
 
-def rlm(prompt, query=None, model=None):
+def rlm(prompt, query=None, model=None, schema=None):
     """A child RLM whose kernel holds ``prompt`` as its ``context``; returns its answer (str).
 
     At the depth limit this is a plain completion instead. A failed child raises
     ChildRLMError (with ``status`` and ``reason``), never returns a failure as text;
-    otherwise raises as :func:`llm_query` does.
+    otherwise raises as :func:`llm_query` does. With ``schema`` (a JSON Schema dict, or a
+    pydantic model class) the child's FINAL value must validate against it before the host
+    accepts it, and the checked value comes back decoded (a dict, list, ...), not as text.
     """
     if not isinstance(prompt, (str, list, dict)):
         prompt = str(prompt)
-    return _call(Op.RLM, prompt=prompt, query=query, model=model)
+    schema = schema_dict(schema)
+    return checked_value(_call(Op.RLM, prompt=prompt, query=query, model=model, schema=schema),
+                         schema)
 
 
-def rlm_batched(prompts, query=None, model=None, return_exceptions=False):
+def rlm_batched(prompts, query=None, model=None, return_exceptions=False, schema=None):
     """Many child RLMs, run concurrently by the host; answers in input order (list[str]).
 
     ``prompts`` is a list of contexts; one str, bytes or dict raises TypeError and nothing
     is sent. Failed items raise BatchError, or come back in place with
-    ``return_exceptions=True``, as in :func:`llm_query_batched`.
+    ``return_exceptions=True``, as in :func:`llm_query_batched`. ``schema`` checks every
+    child's answer as in :func:`rlm`.
     """
     prompts = [p if isinstance(p, (str, list, dict)) else str(p)
                for p in _prompt_list(prompts, Op.RLM_BATCHED, Op.RLM)]
-    values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model)
-    return _batch_results(values, return_exceptions, Op.RLM_BATCHED)
+    schema = schema_dict(schema)
+    values = _call(Op.RLM_BATCHED, prompts=prompts, query=query, model=model, schema=schema)
+    return [r if isinstance(r, BaseException) else checked_value(r, schema)
+            for r in _batch_results(values, return_exceptions, Op.RLM_BATCHED)]
 
 
 def FINAL(value):

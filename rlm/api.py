@@ -24,6 +24,7 @@ from .records import find_run, open_journal, spec_options, stored_context, store
 from .result import Result
 from .run_config import build_options, context_options, replay_options, resume_options
 from .drive import drive
+from .schema import normalize_options
 
 
 class RLM:
@@ -104,7 +105,7 @@ class RLM:
             ConfigError: bad options.
         """
         check_names(overrides)
-        o = {**self.options, **overrides}
+        o = normalize_options({**self.options, **overrides})  # answer_schema -> a JSON Schema
         validate_options(o)
         journal = open_journal(o.get("journal"))
         run_id = o.get("run_id")

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_views import extend_parser  # rlm view, live view, OpenTelemetry flags
     extend_parser(sub, {"run": r, "resume": rs, "replay": rp, "runs": ls, "show": sh,
                         "export": ex})
+
+    sv = sub.add_parser("serve", help="serve RLM runs as an OpenAI-compatible chat-completions "
+                        "endpoint (needs the serve extra)", formatter_class=fmt)
+    from .serve import add_arguments as add_serve_arguments
+    add_serve_arguments(sv)
     return parser
 
 
@@ -305,6 +310,16 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from .serve import main as serve_main
+    return serve_main(args)
+
+
+def _log_unraisable(info) -> None:
+    logging.getLogger("rlm").debug("ignored during teardown: %s: %s (in %r)",
+                                   info.exc_type.__name__, info.exc_value, info.object)
+
+
 def _terminate(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
@@ -317,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _setup_logging(args)
+    # errors Python can only report while tearing objects down (an event loop's finalizer at
+    # exit, say) are not the run's: they go to the log, never as a traceback on the terminal
+    sys.unraisablehook = _log_unraisable
     # text UTF-8 cannot encode (lone surrogates) is written as U+FFFD: see harness/text.py
     from harness.text import protect_streams
     protect_streams()
@@ -327,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
-                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export}
+                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
+                "serve": _cmd_serve}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from harness.control import Cancelled
 from harness.errors import BudgetExceeded, DivergenceError
 from harness.replay import Replay
 from harness.stages import Kind, Status, cancel_open
@@ -39,6 +40,8 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     if isinstance(query, str):
         query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
     run = RunTree(opts, run_id=run_id, recorded=recorded, client=client)
+    if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
+        opts.cancel.attach(run)
     if opts.budget.max_cost_usd is not None:
         try:
             run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
@@ -68,7 +71,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     except BudgetExceeded as exc:
         status, reason, cap = "budget_exceeded", str(exc), exc.cap
         answer = root.partial_answer() if root is not None else None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Cancelled):  # Ctrl-C, or a CancelToken (rlm.aio) cancelled
         status, reason, raised = "cancelled", "interrupted", KeyboardInterrupt()
     except (RLMError, DivergenceError) as exc:
         status, reason, raised = "failed", str(exc), exc

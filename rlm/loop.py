@@ -23,6 +23,7 @@ from .context import LoadedContext, describe
 from .errors import KernelError
 from .parsing import parse_reply
 from .run_tree import RunTree
+from .schema import AnswerCheck
 from .subcalls import Subcalls, interrupt_note
 
 
@@ -56,11 +57,15 @@ class RLMLoop:
     """
 
     def __init__(self, run: RunTree, stage_id: str, level: int, context: LoadedContext,
-                 query: str | None, model: str, scope: CancelScope | None = None) -> None:
+                 query: str | None, model: str, scope: CancelScope | None = None,
+                 check: AnswerCheck | None = None) -> None:
         self.run_tree, self.stage_id, self.level = run, stage_id, level
         self.scope = (scope or run.scope).child(stage_id)
         self.cell_scope: CancelScope | None = None
         self.task: Task | None = run.scheduler.current()  # a child's slot in the scheduler
+        # what FINAL must pass (rlm.schema): the run's answer_schema/verify at the root,
+        # the schema of rlm(..., schema=) for a child
+        self.check = check if check is not None or level else AnswerCheck.from_options(run.opts)
         self.context, self.query, self.model = context, query, model
         self.subcalls = Subcalls(self)
         self.kernel: Kernel | None = None
@@ -88,13 +93,17 @@ class RLMLoop:
             EndpointError, KernelError, DivergenceError: unrecoverable failures.
         """
         opts = self.run_tree.opts
+        if self.run_tree.fatal is not None:  # e.g. cancelled (rlm.aio) before it began: no kernel
+            raise self.run_tree.fatal
         system = prompts.system_prompt(describe(self.context),
                                        can_recurse=opts.budget.subcalls_allowed,
                                        sub_chars=opts.sub_prompt_chars,
                                        max_output=opts.max_output_chars,
                                        template=opts.system_template)
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": prompts.first_user(self.query)}]
+        task = prompts.first_user(self.query)
+        if self.check is not None:
+            task += "\n\n" + self.check.instructions()
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         self._kernel_future = self.run_tree.spawn(self._new_kernel)
         turns = max(1, opts.budget.max_iterations)
         for i in range(turns + 1):
@@ -152,6 +161,8 @@ class RLMLoop:
         run, opts = self.run_tree, self.run_tree.opts
         feedback: list[str] = []
         for j, code in enumerate(blocks):
+            if run.fatal is not None:  # a divergence or a cancel: run no further cell
+                raise run.fatal
             with run.stage(iteration, Kind.cell, self.level) as cell:
                 # the cell's sub-calls work under its scope: its interrupt cancels them
                 cell_scope = self.scope.child(cell.id)
@@ -164,7 +175,16 @@ class RLMLoop:
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = {"code": code, "output": out, "final": res.final,
                                  "timed_out": res.timed_out, "died": res.died}
-                if res.error:
+                if res.final is not None and self.check is not None:
+                    verdict = self.check.check(res.final)  # the FINAL-acceptance gate
+                    cell.evidence["check"] = verdict.evidence()
+                    res.final = verdict.answer
+                    if not verdict.ok:
+                        out = (out + "\n" if out else "") + verdict.feedback()
+                if isinstance(run.fatal, KeyboardInterrupt):
+                    # the run was cancelled (rlm.aio) while this cell ran: it was interrupted
+                    cell.finish(Status.cancelled, res.error or "the run was cancelled")
+                elif res.error:
                     cell.finish(Status.failed, res.error)
             if opts.journal is not None:
                 opts.journal.record_cell(run.run_id, cell.id, code,

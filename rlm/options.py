@@ -19,9 +19,8 @@ which ``rlm`` commands take it, whether the journal keeps it for resume/replay, 
 ``tests/test_options.py``                  the README tables (and checks them)
 =========================================  =================================================
 
-Adding an option takes one :class:`Option` entry here, one README row (``python
-tests/test_options.py`` prints the rows; the test checks the README against the registry), and,
-if the loop reads it, one :class:`Options` attribute of the same name (plus its use in the loop).
+Adding an option: one :class:`Option` entry here, one README row (``python tests/test_options.py``
+prints it), and if the loop reads it one :class:`Options` attribute of the same name.
 """
 from __future__ import annotations
 
@@ -86,6 +85,10 @@ class Options:
     system_template: str | None = None
     on_progress: Callable[[str], None] | None = None
     listeners: list | None = None
+    # embedding (rlm.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
+    answer_schema: dict | None = None
+    verify: Callable[[Any], Any] | None = None
+    cancel: Any = None
 
 
 #: The embedded model used when no endpoint is configured and none is named (the one spelling of
@@ -380,6 +383,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("listeners", None, list,
            doc="extra stage-tree listeners (callables taking one event dict), after the "
                "journal's: the live view and the OpenTelemetry exporter use it"),
+    Option("answer_schema", "--answer-schema", object, metavar="FILE.json", commands=(RUN,),
+           stored=True, empty_is_unset=True,
+           help="JSON Schema file the FINAL value must validate against; an invalid value is "
+                "refused and the model told why",
+           doc="JSON Schema the FINAL value must match (a dict, a JSON file, a dataclass or a "
+               "pydantic model); see [Embedding](#embedding)"),
+    Option("verify", None, object,
+           doc="callable gate on the FINAL value: True/None accepts, False or a reason refuses"),
+    Option("cancel", None, object,
+           doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
+               "journaled `cancelled`, resumable)"),
 )
 
 #: Every accepted keyword name (frozenset of str).

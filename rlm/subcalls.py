@@ -35,6 +35,7 @@ from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error
 from . import prompts
 from .context import load_context
 from .errors import ChildRLMError, RLMError
+from .schema import AnswerCheck, checked_completion, to_json_schema
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import RLMLoop
@@ -112,10 +113,11 @@ class Subcalls:
                 return self.llm_query(parent, str(args.get("prompt", "")), model, scope=scope)
             if op == Op.RLM:
                 return self.rlm(parent, args.get("prompt"), args.get("query"), model,
-                                scope=scope)
+                                scope=scope, schema=to_json_schema(args.get("schema")))
             if op in BATCHED_OPS:
                 return self._batched(op, parent, list(args.get("prompts") or []),
-                                     args.get("query"), model, scope)
+                                     args.get("query"), model, scope,
+                                     schema=to_json_schema(args.get("schema")))
         except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError, Cancelled) as exc:
             raise to_bridge_error(exc) from None
         raise BridgeError(ErrorKind.SUBCALL_ERROR, f"unknown operation {op!r}")
@@ -125,7 +127,7 @@ class Subcalls:
         return {m for m in (o.model, o.sub_model, o.child_model) if m}
 
     def _batched(self, op: str, parent: str, items: list, query: str | None,
-                 model: str | None, scope: CancelScope) -> list:
+                 model: str | None, scope: CancelScope, schema: dict | None = None) -> list:
         self.run_tree.accountant.check_children(0, len(items))
         if op == Op.LLM_QUERY_BATCHED:
             # stages (and so ordinals) are made here, in input order, before anything runs
@@ -134,7 +136,8 @@ class Subcalls:
                    for p, s in zip(items, stages)]
         else:
             stages = [self._plan_rlm(parent, model) for _ in items]
-            fns = [lambda p=p, s=s: self._run_rlm(s, p, query, scope)
+            check = AnswerCheck(schema) if schema is not None else None
+            fns = [lambda p=p, s=s: self._run_rlm(s, p, query, scope, check)
                    for p, s in zip(items, stages)]
         out = []
         for task in self._run(fns, stages, scope):
@@ -211,7 +214,8 @@ class Subcalls:
         return self._sub_stage(parent, Kind.fallback, model)
 
     def rlm(self, parent: str, prompt: Any, query: str | None, model: str | None,
-            stage: Stage | None = None, scope: CancelScope | None = None) -> str:
+            stage: Stage | None = None, scope: CancelScope | None = None,
+            schema: dict | None = None) -> str:
         """One ``rlm(prompt, query)``: a child RLM's answer, or a fallback completion.
 
         A child runs in one of the scheduler's slots (it waits for one like a batched item).
@@ -224,20 +228,27 @@ class Subcalls:
         """
         scope = scope or self.loop.scope
         st = stage or self._plan_rlm(parent, model)
+        check = AnswerCheck(schema) if schema is not None else None  # rlm(..., schema=)
         if st.kind == Kind.fallback:
-            return self._run_rlm(st, prompt, query, scope)
-        (task,) = self._run([lambda: self._run_rlm(st, prompt, query, scope)], [st], scope)
+            return self._run_rlm(st, prompt, query, scope, check)
+        (task,) = self._run([lambda: self._run_rlm(st, prompt, query, scope, check)], [st],
+                            scope)
         if not task.done():
             raise Cancelled(scope.reason or "interrupted")
         return task.result()
 
-    def _run_rlm(self, st: Stage, prompt: Any, query: str | None, scope: CancelScope) -> str:
-        """The body of one ``rlm`` item: a fallback completion, or a child loop."""
+    def _run_rlm(self, st: Stage, prompt: Any, query: str | None, scope: CancelScope,
+                 check: AnswerCheck | None = None) -> str:
+        """The body of one ``rlm`` item: a fallback completion, or a child loop (``check``:
+        what its answer must pass, from ``rlm(..., schema=)``)."""
         if st.kind == Kind.fallback:
             text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+            if check is not None:
+                return checked_completion(self.run_tree, st, prompts.subcall_prompt(text, query),
+                                          check, scope=scope)
             return self._plain_completion(st, prompts.subcall_prompt(text, query), scope)
         try:
-            return self._child(st, prompt, query, scope)
+            return self._child(st, prompt, query, scope, check)
         except ChildRLMError:
             raise
         except BudgetExceeded as exc:
@@ -250,7 +261,8 @@ class Subcalls:
             raise ChildRLMError(f"child RLM {st.id} failed: {type(exc).__name__}: {exc}",
                                 "failed", str(exc)) from None
 
-    def _child(self, stage: Stage, prompt: Any, query: str | None, scope: CancelScope) -> str:
+    def _child(self, stage: Stage, prompt: Any, query: str | None, scope: CancelScope,
+               check: AnswerCheck | None = None) -> str:
         from .loop import RLMLoop
         run = self.run_tree
         with run.stage(existing=stage) as sc:
@@ -258,7 +270,8 @@ class Subcalls:
                 ctx = load_context(prompt)
             except RLMError as exc:
                 raise ChildRLMError(f"child RLM not started: {exc}", "failed", str(exc)) from None
-            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model, scope=scope)
+            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model, scope=scope,
+                            check=check)
             run.progress(f"level {sc.level}: child {sc.id} started")
             try:
                 out = child.run()

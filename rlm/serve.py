@@ -1,0 +1,448 @@
+"""``rlm serve``: an OpenAI-compatible HTTP endpoint where each chat completion is one RLM run.
+
+Any OpenAI client (openai-python, LangChain, LlamaIndex, curl) can then use an RLM as a model.
+Starlette on uvicorn, installed with ``pip install 'rlm-kernels[serve]'``.
+
+``POST /v1/chat/completions``, the mapping:
+
+* the last ``user`` message is the query; the contents of every earlier ``system``/``developer``/
+  ``user`` message, in order, form ``context`` (one string, or a list of strings when there are
+  several; the query itself when there are none). A ``context`` field in the body (string, list
+  or JSON object) overrides that.
+* ``model``: ``rlm`` (the server's model) or ``rlm/<name>`` (``<name>`` on the server's endpoint).
+* run options (depth, caps...) from the body: the object ``rlm`` (any of :data:`REMOTE_OPTIONS`),
+  or the same names at the top level (OpenAI's own ``max_tokens`` there is ignored: it means
+  something else). Endpoint, journal and key options are the server's, never the request's.
+* ``Idempotency-Key`` header -> the run id: a retried request returns the recorded result (or
+  resumes a crashed or cancelled run), never a second bill.
+* ``response_format``: ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` becomes the
+  run's ``answer_schema`` (``json_object``: any JSON object); the answer is checked JSON text.
+* the response: ``id`` = the run id, ``usage`` = the whole tree's tokens, and an ``rlm`` object
+  (status, iterations, calls, cost, replayed calls, seconds).
+* ``stream: true``: Server-Sent Events in the protocol's chunk format: the run's stage events
+  as they happen (``delta: {}`` chunks with an ``rlm_event`` object), then the answer as content,
+  then a ``finish_reason: "stop"`` chunk with ``usage``, then ``data: [DONE]``. A client that
+  disconnects cancels the run (journaled ``cancelled``, resumable by its key).
+
+Errors, in the protocol's shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad input
+(``invalid_request_error``), 401 missing or wrong key, 404 unknown model, 409 an idempotency key
+reused for another question or a run still active elsewhere, 429 every run slot busy (with
+``Retry-After``), 402 a cost/token/call cap stopped the run (``code`` names the cap; the partial
+answer is in ``error.partial_answer``), 504 the wall-clock cap, 502 the model endpoint failed,
+500 the run ended without an answer.
+
+``GET /v1/models`` lists ``rlm`` and ``rlm/<server model>``. A key (``--api-key``, sent as
+``Authorization: Bearer KEY``) is required when the server binds anything but loopback.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import time
+import uuid
+from typing import Any
+
+from .aio import AsyncRLM, safe_listener
+from .errors import ConfigError, ContextError, EndpointError, RLMError
+from .options import OPTION_NAMES
+
+__all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
+
+#: Run options a request may set (the rest are the server's: endpoint, journal, keys, files).
+REMOTE_OPTIONS = frozenset({
+    "max_iterations", "max_depth", "cell_timeout", "max_output_chars", "max_cost_usd",
+    "max_tokens", "max_calls", "max_wall_seconds", "max_children_per_call", "max_concurrency",
+    "max_completion_tokens", "sub_max_tokens", "sub_prompt_chars", "temperature",
+}) & OPTION_NAMES
+
+#: Status and error code of a run that ended without completing, by budget cap.
+CAP_STATUS = {"wall": 504}
+
+
+class APIError(Exception):
+    """An error response: HTTP ``status`` with the protocol's error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None, headers: dict | None = None,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+        self.body = {"error": {"message": message, "type": type_, "param": param, "code": code,
+                               **extra}}
+
+
+def is_loopback(host: str) -> bool:
+    """True if ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- the mapping
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and p.get("type") in ("text", "input_text"))
+    if content is None:
+        return ""
+    raise APIError(400, "message content must be a string or a list of text parts",
+                   param="messages")
+
+
+def request_options(body: Any, server_model: str | None) -> tuple[Any, str, dict]:
+    """(context, query, run options) of one chat-completions request body.
+
+    Raises:
+        APIError: 400 for a malformed body, 404 for an unknown model.
+    """
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise APIError(400, "'messages' must be a non-empty list of message objects",
+                       param="messages")
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise APIError(400, "'messages' holds no user message: the last one is the query",
+                       param="messages")
+    query = _text(msgs[last].get("content"))
+    pieces = [_text(m.get("content")) for m in msgs[:last]
+              if m.get("role") in ("system", "developer", "user")]
+    context: Any = pieces[0] if len(pieces) == 1 else pieces if pieces else query
+    if "context" in body:
+        context = body["context"]
+        if not isinstance(context, (str, list, dict)):
+            raise APIError(400, "'context' must be a string, a list or a JSON object",
+                           param="context")
+    opts: dict = {}
+    model = body.get("model")
+    if model not in (None, "rlm"):
+        if not isinstance(model, str) or not model.startswith("rlm/") or len(model) <= 4:
+            raise APIError(404, f"the model {model!r} does not exist: use 'rlm' or 'rlm/<model>'",
+                           code="model_not_found", param="model")
+        opts["model"] = model[4:]
+    extra = body.get("rlm") or {}
+    if not isinstance(extra, dict):
+        raise APIError(400, "'rlm' must be an object of run options", param="rlm")
+    unknown = set(extra) - REMOTE_OPTIONS
+    if unknown:
+        raise APIError(400, f"unknown or server-only run option(s): {', '.join(sorted(unknown))}; "
+                       f"allowed: {', '.join(sorted(REMOTE_OPTIONS))}", param="rlm")
+    opts.update({k: body[k] for k in REMOTE_OPTIONS - {"max_tokens"} if body.get(k) is not None})
+    opts.update({k: v for k, v in extra.items() if v is not None})
+    schema = _response_schema(body.get("response_format"))
+    if schema is not None:
+        opts["answer_schema"] = schema
+    return context, query, opts
+
+
+def _response_schema(rf: Any) -> dict | None:
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, "'response_format.type' must be 'text', 'json_object' or "
+                       "'json_schema'", param="response_format")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return {"type": "object"}
+    js = rf.get("json_schema")
+    schema = js.get("schema") if isinstance(js, dict) else None
+    if not isinstance(schema, dict):
+        raise APIError(400, "'response_format.json_schema.schema' must be a JSON Schema object",
+                       param="response_format")
+    return schema
+
+
+def _run_id(key: str | None) -> str:
+    if key is None:
+        return "srv-" + uuid.uuid4().hex[:16]
+    key = key.strip()
+    if not key or len(key) > 200:
+        raise APIError(400, "Idempotency-Key must be 1 to 200 characters", param="Idempotency-Key")
+    return key
+
+
+# --------------------------------------------------------------------------- results
+
+def _usage(res: Any) -> dict:
+    u = res.usage or {}
+    return {"prompt_tokens": int(u.get("prompt_tokens", 0)),
+            "completion_tokens": int(u.get("completion_tokens", 0)),
+            "total_tokens": int(u.get("total_tokens", 0))}
+
+
+def _rlm_info(res: Any) -> dict:
+    u = res.usage or {}
+    return {"run_id": res.run_id, "status": res.status, "iterations": res.iterations,
+            "calls": u.get("calls", 0), "cost_usd": u.get("cost_usd", 0.0),
+            "replayed_calls": res.replayed_calls, "seconds": round(res.seconds, 3)}
+
+
+def _check_result(res: Any) -> None:
+    """Raise the protocol error of a run that did not complete."""
+    if res.status == "completed":
+        return
+    if res.status == "budget_exceeded":
+        status = CAP_STATUS.get(res.cap or "", 402)
+        raise APIError(status, f"the run stopped at its {res.cap} cap: {res.reason}",
+                       "budget_exceeded", code=res.cap, run_id=res.run_id,
+                       partial_answer=res.answer)
+    raise APIError(500, f"the run ended without an answer: {res.reason or res.status}",
+                   "run_failed", code=res.status, run_id=res.run_id)
+
+
+def _error_of(exc: BaseException) -> APIError:
+    from harness.errors import DivergenceError, RunActiveError, RunMismatchError
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, (RunMismatchError, RunActiveError)):
+        return APIError(409, str(exc), code="idempotency_conflict")
+    if isinstance(exc, DivergenceError):
+        return APIError(409, str(exc), "run_failed", code="divergence")
+    if isinstance(exc, (ConfigError, ContextError)):
+        return APIError(400, str(exc))
+    if isinstance(exc, EndpointError):
+        return APIError(502, f"the model endpoint failed: {exc}", "upstream_error")
+    if isinstance(exc, RLMError):
+        return APIError(500, str(exc), "run_failed", code=type(exc).__name__)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def _completion_body(res: Any, model: str) -> dict:
+    return {"id": res.run_id, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": None,
+            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                         "message": {"role": "assistant", "content": res.answer}}],
+            "usage": _usage(res), "rlm": _rlm_info(res)}
+
+
+def _chunk(run_id: str, model: str, delta: dict, finish: str | None = None, **extra: Any) -> str:
+    body = {"id": run_id, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                         "logprobs": None}], **extra}
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _stage_event(ev: dict) -> dict:
+    st = ev.get("stage") or {}
+    return {"event": ev.get("event"), "stage": st.get("id"), "kind": st.get("kind"),
+            "level": st.get("level"), "from": ev.get("from"), "to": ev.get("to")}
+
+
+# --------------------------------------------------------------------------- the app
+
+class _Slots:
+    """At most ``n`` runs at once; a request finding none free is refused (429), not queued."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.used = n, 0
+
+    def take(self) -> bool:
+        if self.used >= self.n:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used -= 1
+
+
+def create_app(options: dict | None = None, *, api_key: str | None = None,
+               max_concurrent_runs: int = 4, model_name: str | None = None):
+    """The Starlette app of ``rlm serve``.
+
+    Args:
+        options: the server's run options (endpoint, journal, defaults), as :class:`rlm.RLM`'s.
+        api_key: the key clients must send (``Authorization: Bearer KEY``), or None for none.
+        max_concurrent_runs: runs at once; more get 429 with ``Retry-After``.
+        model_name: the upstream model shown by ``/v1/models`` (default ``options["model"]``).
+    """
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    options = dict(options or {})
+    runner = AsyncRLM(**options)
+    slots = _Slots(max(1, int(max_concurrent_runs)))
+    upstream = model_name or options.get("model")
+
+    def error_response(err: APIError) -> JSONResponse:
+        return JSONResponse(err.body, status_code=err.status, headers=err.headers)
+
+    def authorize(request) -> None:
+        if api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        token = got[7:].strip() if got[:7].lower() == "bearer " else ""
+        if not token or not hmac.compare_digest(token.encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                           "invalid_request_error", code="invalid_api_key")
+
+    async def models(request):
+        try:
+            authorize(request)
+        except APIError as err:
+            return error_response(err)
+        data = [{"id": "rlm", "object": "model", "created": 0, "owned_by": "rlm"}]
+        if upstream:
+            data.append({"id": f"rlm/{upstream}", "object": "model", "created": 0,
+                         "owned_by": "rlm"})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat(request):
+        try:
+            authorize(request)
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+            context, query, opts = request_options(body, upstream)
+            run_id = _run_id(request.headers.get("idempotency-key"))
+            stream = bool(body.get("stream"))
+            if not slots.take():
+                raise APIError(429, f"all {slots.n} run slots are busy; retry later",
+                               "rate_limit_error", code="rate_limit_exceeded",
+                               headers={"Retry-After": "1"})
+        except APIError as err:
+            return error_response(err)
+        model = str(body.get("model") or "rlm")
+        if stream:
+            return StreamingResponse(_stream(context, query, opts, run_id, model),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            res = await runner.completion(context, query, run_id=run_id, **opts)
+            _check_result(res)
+            return JSONResponse(_completion_body(res, model))
+        except Exception as exc:  # noqa: BLE001 - every failure is an error response
+            return error_response(_error_of(exc))
+        finally:
+            slots.give()
+
+    async def _stream(context, query, opts, run_id, model):
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def on_event(ev: dict) -> None:  # a run thread, under the stage tree's lock: be quick
+            if ev.get("event") == "transition":
+                loop.call_soon_threadsafe(events.put_nowait, _stage_event(ev))
+
+        listeners = [*(opts.pop("listeners", None) or ()), safe_listener(on_event)]
+        task = asyncio.ensure_future(runner.completion(context, query, run_id=run_id,
+                                                       listeners=listeners, **opts))
+        try:
+            yield _chunk(run_id, model, {"role": "assistant", "content": ""})
+            while True:
+                getter = asyncio.ensure_future(events.get())
+                done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield _chunk(run_id, model, {}, rlm_event=getter.result())
+                    continue
+                getter.cancel()
+                break
+            while not events.empty():
+                yield _chunk(run_id, model, {}, rlm_event=events.get_nowait())
+            try:
+                res = task.result()
+                _check_result(res)
+            except Exception as exc:  # noqa: BLE001 - sent as the stream's error event
+                yield f"data: {json.dumps(_error_of(exc).body)}\n\n"
+                return
+            yield _chunk(run_id, model, {"content": res.answer})
+            yield _chunk(run_id, model, {}, "stop", usage=_usage(res), rlm=_rlm_info(res))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not task.done():  # the client went away: cancel the run
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001
+                    pass
+            slots.give()
+
+    async def not_found(request):
+        return error_response(APIError(404, f"no route {request.method} {request.url.path}",
+                                       code="not_found"))
+
+    app = Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
+                            Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/{path:path}", not_found, methods=["GET", "POST"])])
+    app.state.runner = runner
+    return app
+
+
+def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000,
+        api_key: str | None = None, max_concurrent_runs: int = 4) -> None:
+    """Serve until interrupted (uvicorn).
+
+    Raises:
+        ConfigError: bound beyond loopback without a key, or the ``serve`` extra is missing.
+    """
+    if not is_loopback(host) and not api_key:
+        raise ConfigError(f"rlm serve on {host} (not loopback) needs --api-key KEY "
+                          "(or RLM_SERVE_API_KEY): anyone who reaches it could spend your budget")
+    try:
+        import uvicorn
+    except ImportError:
+        raise ConfigError("rlm serve needs the serve extra: pip install 'rlm-kernels[serve]'") \
+            from None
+    app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs)
+    import sys
+    print(f"rlm serve: http://{host}:{port}/v1 (model 'rlm'"
+          f"{', key required' if api_key else ''})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+# --------------------------------------------------------------------------- the command
+
+def add_arguments(p: Any) -> None:
+    """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
+    import os
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "anything but loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
+                   help="key clients must send as 'Authorization: Bearer KEY' "
+                        "(env RLM_SERVE_API_KEY)")
+    p.add_argument("--max-concurrent-runs", type=int, default=4, metavar="N",
+                   help="runs at once; further requests get 429 with Retry-After (default 4)")
+    up = p.add_argument_group("the model endpoint the runs use (default: the embedded model)")
+    up.add_argument("--base-url", metavar="URL", help="OpenAI-compatible base URL "
+                    "(env OPENAI_BASE_URL)")
+    up.add_argument("--upstream-api-key", metavar="KEY",
+                    help="API key of that endpoint (env OPENAI_API_KEY)")
+    up.add_argument("--model", metavar="NAME", help="the model 'rlm' stands for (env RLM_MODEL)")
+    up.add_argument("--sub-model", metavar="NAME")
+    up.add_argument("--child-model", metavar="NAME")
+    up.add_argument("--embedded-model", metavar="NAME")
+    d = p.add_argument_group("run defaults (a request may override them in its 'rlm' object)")
+    d.add_argument("--max-depth", type=int, metavar="N")
+    d.add_argument("--max-iterations", type=int, metavar="N")
+    d.add_argument("--max-cost", dest="max_cost_usd", type=float, metavar="USD")
+    d.add_argument("--timeout", dest="max_wall_seconds", type=float, metavar="S")
+    p.add_argument("--journal", metavar="PATH", help="journal file (env RLM_JOURNAL); "
+                   "Idempotency-Key needs one")
+
+
+def main(args: Any) -> int:
+    """``rlm serve``: serve until Ctrl-C; returns the exit code."""
+    names = ("base_url", "model", "sub_model", "child_model", "embedded_model", "max_depth",
+             "max_iterations", "max_cost_usd", "max_wall_seconds", "journal")
+    o = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    if args.upstream_api_key:
+        o["api_key"] = args.upstream_api_key
+    from .options import validate_options
+    validate_options(o)
+    run(o, host=args.host, port=args.port, api_key=args.api_key,
+        max_concurrent_runs=args.max_concurrent_runs)
+    return 0

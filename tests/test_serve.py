@@ -1,0 +1,242 @@
+"""``rlm serve`` driven by the real ``openai`` client on 127.0.0.1.
+
+One ``rlm serve`` subprocess (the real CLI, uvicorn) for the module, in front of one scripted
+upstream server whose script each test sets. Runs use real kernels.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import API_KEY, MODEL, clean_env, closed_port, repl, root_requests, script
+from scripted_server import ScriptedServer
+
+KEY = "sk-serve-test"
+SLOTS = 2
+
+
+def http(url: str, body: bytes | None = None, key: str | None = KEY) -> tuple[int, dict]:
+    """A raw request (GET, or POST of ``body``): (status, JSON body)."""
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class Upstream:
+    """The scripted server's responder, swappable per test."""
+
+    def __init__(self) -> None:
+        self.responder = lambda req: repl("FINAL('unset')")
+
+    def __call__(self, req):
+        return self.responder(req)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    up = Upstream()
+    srv = ScriptedServer(up)
+    srv._thread = threading.Thread(target=srv.httpd.serve_forever,
+                                   kwargs={"poll_interval": 0.02}, daemon=True)
+    srv.__enter__()
+    port = closed_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm", "serve", "--port", str(port), "--api-key", KEY,
+         "--max-concurrent-runs", str(SLOTS), "--base-url", srv.base_url,
+         "--upstream-api-key", API_KEY, "--model", MODEL, "--journal", str(tmp / "j.sqlite3")],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
+    base = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if http(base + "/models")[0] == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"rlm serve did not start: {proc.stderr.read().decode()}")
+        time.sleep(0.1)
+    client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+    yield client, srv, up, base, tmp / "j.sqlite3"
+    proc.terminate()
+    proc.wait(timeout=20)
+    srv.__exit__(None, None, None)
+
+
+def ask(client, content="What is the code?", **kw):
+    return client.chat.completions.create(
+        model="rlm", messages=[{"role": "system", "content": "The code is 7 4 2."},
+                               {"role": "user", "content": content}], **kw)
+
+
+def test_models_and_a_completion_with_the_tree_usage(served):
+    client, srv, up, _, journal = served
+    assert {m.id for m in client.models.list().data} == {"rlm", f"rlm/{MODEL}"}
+
+    def responder(req):
+        turns = sum(1 for m in req["messages"] if m["role"] == "user")
+        if req["messages"][0]["role"] != "system":  # a sub-call
+            return "seven four two"
+        if turns == 1:
+            return repl("print(type(context).__name__, context)", "s = llm_query('spell: ' + context)")
+        return repl("FINAL(s)")
+
+    up.responder = responder
+    n0 = len(srv.usages)
+    r = ask(client)
+    assert r.choices[0].message.content == "seven four two"
+    new = srv.usages[n0:]
+    assert len(new) == 3  # two root turns and one llm_query
+    assert r.usage.prompt_tokens == sum(u["prompt_tokens"] for u in new)
+    assert r.usage.completion_tokens == sum(u["completion_tokens"] for u in new)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    from harness.journal import Journal
+    rec = Journal(str(journal)).get_run(r.id)
+    assert rec is not None and rec["state"] == "completed"  # id = the run id
+    assert rec["query"] == "What is the code?"
+    assert r.model_extra["rlm"]["calls"] == 3
+
+
+def test_a_retried_request_with_the_same_idempotency_key_sends_no_model_call(served):
+    client, srv, up, _, _ = served
+    up.responder = lambda req: repl("FINAL('once')")
+    h = {"Idempotency-Key": "step-42"}
+    first = ask(client, extra_headers=h)
+    n = srv.count
+    again = ask(client, extra_headers=h)
+    assert first.id == again.id == "step-42"
+    assert again.choices[0].message.content == "once" and srv.count == n
+    assert again.usage.total_tokens == first.usage.total_tokens
+    # the same key for another question is a conflict, not a silent reuse
+    with pytest.raises(openai.ConflictError):
+        ask(client, "another question", extra_headers=h)
+
+
+def test_response_format_schema_corrects_an_invalid_final(served):
+    client, srv, up, _, _ = served
+    up.responder = script([repl("FINAL({'code': '742'})"), repl("FINAL({'code': 742})")])
+    schema = {"type": "object", "required": ["code"], "properties": {"code": {"type": "integer"}}}
+    r = ask(client, response_format={"type": "json_schema",
+                                     "json_schema": {"name": "code", "schema": schema}})
+    assert json.loads(r.choices[0].message.content) == {"code": 742}
+    assert r.model_extra["rlm"]["iterations"] == 2
+    assert "'742' is not of type 'integer'" in root_requests(srv)[-1]["messages"][-1]["content"]
+
+
+def test_streaming_sends_stage_events_then_the_answer(served):
+    client, srv, up, _, _ = served
+    up.responder = script([repl("x = 6 * 7"), repl("FINAL(x)")])
+    chunks = list(ask(client, stream=True))
+    events = [c.model_extra.get("rlm_event") for c in chunks if c.model_extra.get("rlm_event")]
+    kinds = {(e["kind"], e["to"]) for e in events}
+    assert ("iteration", "completed") in kinds and ("cell", "completed") in kinds
+    assert ("run", "completed") in kinds
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "42"
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.total_tokens > 0
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_errors_401_400_404(served):
+    client, _, _, base, _ = served
+    bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        ask(bad)
+    status, body = http(base + "/chat/completions", b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    assert body["error"]["type"] == "invalid_request_error"
+    status, body = http(base + "/chat/completions", b'{"model": "rlm", "messages": []}')
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert http(base + "/models", key=None)[0] == 401
+    with pytest.raises(openai.BadRequestError, match="server-only"):
+        ask(client, extra_body={"rlm": {"base_url": "http://evil"}})
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+
+
+def test_429_when_every_run_slot_is_busy(served, tmp_path):
+    client, srv, up, _, _ = served
+    flag = tmp_path / "hold"
+    flag.write_text("")
+    up.responder = lambda req: repl("import os, time",
+                                    f"while os.path.exists({str(flag)!r}): time.sleep(0.05)",
+                                    "FINAL('held')")
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(ask(client, f"q{i}")))
+               for i in range(SLOTS)]
+    for t in threads:
+        t.start()
+    try:
+        n = srv.count
+        deadline = time.monotonic() + 60
+        while srv.count < n + SLOTS:  # both held runs are running (their slots taken)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(openai.RateLimitError) as exc:
+            ask(client, "one too many")
+        assert exc.value.response.headers.get("retry-after") == "1"
+        assert exc.value.body["code"] == "rate_limit_exceeded"
+    finally:
+        flag.unlink()
+        for t in threads:
+            t.join(timeout=60)
+    assert [r.choices[0].message.content for r in results] == ["held"] * SLOTS
+
+
+# --------------------------------------------------------------------------- the mapping alone
+
+def test_request_mapping():
+    from rlm.serve import APIError, request_options
+    ctx, q, o = request_options({"model": "rlm", "messages": [
+        {"role": "system", "content": "doc A"}, {"role": "user", "content": "doc B"},
+        {"role": "assistant", "content": "ignored"},
+        {"role": "user", "content": [{"type": "text", "text": "the question"}]}],
+        "rlm": {"max_depth": 2}, "max_tokens": 5, "temperature": 0.3}, "m")
+    assert (ctx, q) == (["doc A", "doc B"], "the question")
+    assert o == {"max_depth": 2, "temperature": 0.3}  # OpenAI's max_tokens is not ours
+    ctx, q, o = request_options({"model": "rlm/big", "context": {"k": [1]},
+                                 "messages": [{"role": "user", "content": "q"}],
+                                 "response_format": {"type": "json_object"}}, "m")
+    assert (ctx, q, o) == ({"k": [1]}, "q", {"model": "big", "answer_schema": {"type": "object"}})
+    assert request_options({"messages": [{"role": "user", "content": "only"}]}, "m")[:2] == \
+        ("only", "only")
+    for body, status in [([], 400), ({"messages": [{"role": "system", "content": "x"}]}, 400),
+                         ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404),
+                         ({"messages": [{"role": "user", "content": "x"}],
+                           "response_format": {"type": "json_schema"}}, 400)]:
+        with pytest.raises(APIError) as e:
+            request_options(body, "m")
+        assert e.value.status == status
+
+
+def test_run_outcomes_map_to_status_codes():
+    from rlm.result import Result
+    from rlm.serve import APIError, _check_result
+    for status, cap, code in [("budget_exceeded", "wall", 504), ("budget_exceeded", "cost", 402),
+                              ("failed", None, 500)]:
+        with pytest.raises(APIError) as e:
+            _check_result(Result(answer="partial", status=status, run_id="r", cap=cap))
+        assert e.value.status == code and e.value.body["error"]["run_id"] == "r"
+    _check_result(Result(answer="a", status="completed", run_id="r"))
+
+
+def test_serve_refuses_a_non_loopback_bind_without_a_key(cli):
+    r = cli("serve", "--host", "0.0.0.0", "--port", str(closed_port()), timeout=60)
+    assert r.rc == 2 and "needs --api-key" in r.stderr
