@@ -1,8 +1,9 @@
 """What a run records as it goes: stage transitions, model calls and executed cells.
 
 - Stages (``StageRecords``): every transition of a stage is appended to ``events`` (append-only,
-  ``seq`` strictly increasing across the journal) and, in the same transaction, the stage's latest
-  dict is upserted into ``stages``. ``record_event`` is usable directly as a
+  ``seq`` strictly increasing across the journal) with its place in the run's hash chain
+  (``prev_hash``, ``hash``: ``harness.journal.encoding``) and, in the same transaction, the
+  stage's latest dict is upserted into ``stages``. ``record_event`` is usable directly as a
   ``harness.stages.StageTree`` listener.
 - Model calls (``ModelCallRecords``): one row per ``(run_id, call_id)`` with the request, its
   ``request_hash``, the response, usage and every attempt. A resumed run serves a call from here
@@ -20,11 +21,12 @@ import json
 import time
 from typing import Any
 
-from harness.journal.encoding import dumps, loads
+from harness.journal.encoding import dumps, event_hash, loads, run_anchor, value_hash
 from harness.journal.errors import JournalError, ModelCallConflictError
 from harness.journal.store import Store
 
 __all__ = ["StageRecords", "ModelCallRecords", "CellRecords", "STAGE_SELECT", "EVENT_SELECT",
+           "CHAIN_SELECT",
            "CALL_SELECT", "CELL_SELECT", "event_record", "call_record", "cell_record"]
 
 #: The latest stage dicts of a run (one ``?``: the run id), in the order first recorded.
@@ -32,7 +34,11 @@ STAGE_SELECT = "SELECT stage FROM stages WHERE run_id = ? ORDER BY first_seq"
 #: The events of a run, in recording order; rows for ``event_record``.
 EVENT_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage FROM events "
                 "WHERE run_id = ? ORDER BY seq")
-_CALL_COLUMNS = "call_id, request_hash, request, response, usage, attempts, created_at"
+#: The chain columns of a run's events, in recording order (for ``harness.verify``).
+CHAIN_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage, prev_hash, hash "
+                "FROM events WHERE run_id = ? ORDER BY seq")
+_CALL_COLUMNS = ("call_id, request_hash, request, response, usage, attempts, created_at, "
+                 "response_hash")
 #: The model calls of a run, in recording order; rows for ``call_record``.
 CALL_SELECT = f"SELECT {_CALL_COLUMNS} FROM model_calls WHERE run_id = ? ORDER BY rowid"
 #: The cells of a run, in recording order; rows for ``cell_record``.
@@ -51,10 +57,10 @@ def event_record(run_id: str, row: tuple) -> dict:
 def call_record(row: tuple) -> dict:
     """Decode a ``CALL_SELECT`` row: ``call_id``, ``request_hash`` (str), ``request``,
     ``response``, ``usage``, ``attempts`` (as recorded) and ``created_at`` (unix seconds)."""
-    call_id, rhash, request, response, usage, attempts, created_at = row
+    call_id, rhash, request, response, usage, attempts, created_at, resp_hash = row
     return {"call_id": call_id, "request_hash": rhash, "request": json.loads(request),
             "response": loads(response), "usage": loads(usage),
-            "attempts": loads(attempts), "created_at": created_at}
+            "attempts": loads(attempts), "created_at": created_at, "response_hash": resp_hash}
 
 
 def cell_record(row: tuple) -> dict:
@@ -101,10 +107,23 @@ class StageRecords(Store):
                                f"{exc}") from exc
 
         def write(conn: Any) -> None:
+            self._lock_run(conn, run_id)
+            head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
+                                "LIMIT 1", (run_id,)).fetchall()
+            if head and head[0][0] is not None:
+                prev = head[0][0]
+            elif head:  # the run's earlier events predate the hash chain (schema version 1)
+                prev = run_anchor(run_id, None)
+            else:
+                inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
+                                      "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+                prev = run_anchor(run_id, tuple(inputs[0]) if inputs else None)
+            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
             seq = conn.execute(
-                "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, stage_id, from_status, to_status, ts, stage_json)).lastrowid
+                "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
+                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                (run_id, stage_id, from_status, to_status, ts, stage_json, prev,
+                 digest)).fetchone()[0]
             conn.execute(
                 "INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
                 "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -144,7 +163,8 @@ class ModelCallRecords(Store):
 
         Args:
             run_id, call_id: the call's key; ``call_id`` is its deterministic stage id.
-            request_hash: ``request_hash(request)`` (sha256 hex).
+            request_hash: ``request_hash(request)`` (sha256 hex). The response's own hash
+                (``value_hash(response)``) is stored with it as ``response_hash``.
             request, response, usage, attempts: JSON-able values, stored as JSON.
             replace: overwrite an existing record of ``(run_id, call_id)``. For a resumed run
                 that went live after a divergence (its calls from that point on supersede the
@@ -169,13 +189,14 @@ class ModelCallRecords(Store):
         on_conflict = ("DO UPDATE SET request_hash = excluded.request_hash, "
                        "request = excluded.request, response = excluded.response, "
                        "usage = excluded.usage, attempts = excluded.attempts, "
-                       "created_at = excluded.created_at" if replace else "DO NOTHING")
+                       "created_at = excluded.created_at, response_hash = excluded.response_hash"
+                       if replace else "DO NOTHING")
         changed = self._write1(
             f"record model call {call_id!r} of run {run_id!r}",
             "INSERT INTO model_calls (run_id, call_id, request_hash, request, response, usage, "
-            "attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "attempts, created_at, response_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             f"ON CONFLICT (run_id, call_id) {on_conflict}",
-            (run_id, call_id, request_hash, *values, time.time()))
+            (run_id, call_id, request_hash, *values, time.time(), value_hash(response)))
         if changed:
             return True
         existing = self._read("look up a model call",
