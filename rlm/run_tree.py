@@ -242,7 +242,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     heartbeat = None
     if journal is not None:
         if recorded is None:
-            from .api import stored_options
+            from .run_config import stored_options
             journal.create_run(run.run_id, query=query or "", model=opts.model,
                                sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
                                options=stored_options(opts, ctx))
