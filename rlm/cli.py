@@ -192,7 +192,7 @@ def _emit(res, args, summary: bool = True) -> int:
             print(f"[rlm] run {res.run_id}: completed in {res.seconds:.1f} s, {res.iterations} "
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
                   f"tokens, ${u.get('cost_usd', 0):.4f}"
-                  + (" (estimated: the endpoint reported no usage)" if res.usage_estimated
+                  + (" (estimated: the endpoint reported no usage)" if getattr(res, "usage_estimated", False)
                      else ""), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
