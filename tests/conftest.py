@@ -233,63 +233,23 @@ def assert_clean_error(res: CLIResult, rc: int, *needles: str) -> None:
 
 # --------------------------------------------------------------------------- PostgreSQL
 
-PG_BIN = Path(os.environ.get("RLM_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory):
-    """A real PostgreSQL server for the session: ``initdb`` and ``pg_ctl`` in a temporary
-    directory (run as the ``postgres`` user when the tests run as root: initdb refuses root),
-    listening on 127.0.0.1 on a free port, trust authentication. Yields the base URL of its
-    ``rlm`` database; stopped at the end of the session."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.fail(f"PostgreSQL server binaries not found in {PG_BIN} (install the Debian "
-                    "`postgresql` package; scripts/test.sh does) or set RLM_PG_BIN")
-    import tempfile
-    root = Path(tempfile.mkdtemp(prefix="rlm-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        import shutil
-        shutil.chown(root, "postgres", "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
-    subprocess.run(as_user + [str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U",
-                              "postgres", "--no-sync", "-E", "UTF8"],
-                   check=True, capture_output=True, timeout=120)
-    opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-            f"-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            f"-c max_connections=200")
-    subprocess.run(as_user + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts, "-l",
-                              str(root / "log"), "-w", "-t", "60", "start"],
-                   check=True, capture_output=True, timeout=90)
-    import psycopg
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres",
-                         autocommit=True) as c:
-        c.execute("CREATE DATABASE rlm")
+def pg_server():
+    """A real PostgreSQL server for the session (:func:`evals.pg_server.temporary_server`:
+    ``initdb``/``pg_ctl`` in a temporary directory, as ``postgres`` when run as root, on
+    127.0.0.1 and a free port). Yields the URL of its ``rlm`` database."""
+    from evals.pg_server import temporary_server
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/rlm"
-    finally:
-        subprocess.run(as_user + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate",
-                                  "stop"], capture_output=True, timeout=60)
-        import shutil
-        shutil.rmtree(root, ignore_errors=True)
-
-
-_PG_SCHEMAS = iter(range(1, 10**9))
+        with temporary_server() as url:
+            yield url
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (scripts/test.sh installs it)")
 
 
 @pytest.fixture
 def pg_url(pg_server) -> str:
     """A fresh, empty journal on the session's server: its own schema in the ``rlm`` database
     (``search_path`` in the URL), so tests never see each other's runs."""
-    import psycopg
-    name = f"t{os.getpid()}_{next(_PG_SCHEMAS)}"
-    with psycopg.connect(pg_server, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    return f"{pg_server}?options=-csearch_path%3D{name}"
+    from evals.pg_server import fresh_schema
+    return fresh_schema(pg_server)

@@ -107,18 +107,8 @@ class StageRecords(Store):
                                f"{exc}") from exc
 
         def write(conn: Any) -> None:
-            self._lock_run(conn, run_id)
-            head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
-                                "LIMIT 1", (run_id,)).fetchall()
-            if head and head[0][0] is not None:
-                prev = head[0][0]
-            elif head:  # the run's earlier events predate the hash chain (schema version 1)
-                prev = run_anchor(run_id, None)
-            else:
-                inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
-                                      "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
-                prev = run_anchor(run_id, tuple(inputs[0]) if inputs else None)
-            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
+            prev, digest = self._chain(conn, run_id, stage_id, from_status, to_status, ts,
+                                       stage_json)
             seq = conn.execute(
                 "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
                 "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
@@ -135,6 +125,23 @@ class StageRecords(Store):
                  stage.get("level"), seq, ts, stage_json))
 
         self._transaction(f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}", write)
+
+    def _chain(self, conn: Any, run_id: str, stage_id: str, from_status: str | None,
+               to_status: str, ts: float, stage_json: str) -> tuple[str | None, str | None]:
+        """Inside ``record_event``'s transaction: the new event's ``(prev_hash, hash)``, with
+        the run's chain locked until the transaction ends (``Store._lock_run``)."""
+        self._lock_run(conn, run_id)
+        head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
+                            "LIMIT 1", (run_id,)).fetchall()
+        if head and head[0][0] is not None:
+            prev = head[0][0]
+        elif head:  # the run's earlier events predate the hash chain (schema version 1)
+            prev = run_anchor(run_id, None)
+        else:
+            inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
+                                  "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+            prev = run_anchor(run_id, tuple(inputs[0]) if inputs else None)
+        return prev, event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
 
     def stages(self, run_id: str) -> list[dict]:
         """Return the latest dict of every stage of ``run_id``, in the order first recorded
