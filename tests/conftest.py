@@ -248,8 +248,9 @@ def pg_server():
 
 
 @pytest.fixture
-def pg_url(pg_server) -> str:
+def pg_url(pg_server, request) -> str:
     """A fresh, empty journal on the session's server: its own schema in the ``rlm`` database
-    (``search_path`` in the URL), so tests never see each other's runs."""
+    (``search_path`` in the URL, the schema named after the test), so tests never see each
+    other's runs."""
     from evals.pg_server import fresh_schema
-    return fresh_schema(pg_server)
+    return fresh_schema(pg_server, prefix=request.node.name)
