@@ -143,3 +143,18 @@ def test_two_hosts_claiming_one_crashed_run_at_once_one_wins(pg_url, monkeypatch
     assert hosts[0].get_run("r")["owner_host"] == winner
     for j in hosts:
         j.close()
+
+
+@pytest.mark.parametrize("kill_at", [1, 9, 20])
+def test_sigkill_then_resume_on_the_same_host(pg_url, tmp_path, server, kill_at):
+    """test_resume's crash test on PostgreSQL: a host killed at a model call is seen crashed at
+    once on its own host (its pid is gone), and the resume re-sends no journaled call."""
+    srv, state = server
+    _crash_on_host_a(pg_url, tmp_path, srv, state, f"crash-{kill_at}", kill_at=kill_at)
+    held = _held(pg_url, f"crash-{kill_at}")
+    r = _resume(pg_url, "host-a", f"crash-{kill_at}", srv.base_url)
+    out, err = r.communicate(timeout=180)
+    assert r.returncode == 0, err
+    assert out.strip().startswith("sub["), out
+    assert not [c for c in state["after"] if c in held]
+    assert len(state["after"]) == 25 - len(held)
