@@ -234,6 +234,9 @@ def assert_clean_error(res: CLIResult, rc: int, *needles: str) -> None:
 # --------------------------------------------------------------------------- PostgreSQL
 
 
+_PG_SERVERS: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """A real PostgreSQL server for the session (:func:`evals.pg_server.temporary_server`:
@@ -242,6 +245,7 @@ def pg_server():
     from evals.pg_server import temporary_server
     try:
         with temporary_server() as url:
+            _PG_SERVERS.append(url)  # for test_zz_verify_all
             yield url
     except FileNotFoundError as exc:
         pytest.fail(f"{exc} (scripts/test.sh installs it)")

@@ -35,7 +35,7 @@ def _verify(spec: str) -> tuple[int, str]:
     return p.returncode, p.stdout + p.stderr
 
 
-def test_every_journal_the_suite_wrote_verifies(tmp_path_factory, request):
+def test_every_journal_the_suite_wrote_verifies(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     journals = [p for p in base.rglob("*.sqlite3")
                 if p.relative_to(base).parts and not _skipped(p.relative_to(base).parts[0])]
@@ -46,19 +46,18 @@ def test_every_journal_the_suite_wrote_verifies(tmp_path_factory, request):
         checked += "0 of 0 runs" not in out
         if code != 0 or "violation rate: 0.0000" not in out:
             failures.append(f"{path}:\n{out}")
-    if "pg_server" in request.session._fixturemanager._arg2fixturedefs:
-        checked += _verify_postgres(request, failures)
+    checked += _verify_postgres(failures)
     assert not failures, "\n".join(failures)
     if not checked:
         pytest.skip("no journal with runs was written in this session")
 
 
-def _verify_postgres(request, failures: list) -> int:
+def _verify_postgres(failures: list) -> int:
     """Every schema of the session's PostgreSQL server, if a test started it."""
-    defs = request.session._fixturemanager._arg2fixturedefs["pg_server"]
-    url = next((d.cached_result[0] for d in defs if getattr(d, "cached_result", None)), None)
-    if not url:
+    from conftest import _PG_SERVERS
+    if not _PG_SERVERS:
         return 0
+    url = _PG_SERVERS[0]
     import psycopg
     with psycopg.connect(url) as c:
         schemas = [r[0] for r in c.execute(
