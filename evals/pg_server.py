@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -81,10 +82,11 @@ def temporary_server(durable: bool = False) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def fresh_schema(url: str) -> str:
-    """Create an empty schema in ``url``'s database; return a journal URL that uses it."""
+def fresh_schema(url: str, prefix: str = "j") -> str:
+    """Create an empty schema in ``url``'s database (named ``prefix``, made an identifier, plus
+    a counter); return a journal URL that uses it."""
     import psycopg
-    name = f"j{os.getpid()}_{next(_SCHEMAS)}"
+    name = f"{re.sub(r'[^a-z0-9_]', '_', prefix.lower())[:40]}_{os.getpid()}_{next(_SCHEMAS)}"
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {name}")
     return f"{url}?options=-csearch_path%3D{name}"

@@ -155,3 +155,31 @@ def test_cli_verify_names_the_first_bad_event(store, recorded, cli):
     r = cli("verify", recorded, "--journal", spec)
     first = raw("SELECT min(seq) FROM events WHERE run_id = ?", (recorded,))[0][0]
     assert r.rc == 8 and f"event {first}" in r.stderr and "run's inputs" in r.stderr, r.stderr
+
+
+def test_concurrent_writers_of_one_run_keep_one_linear_chain(store):
+    """Two journals (two connections, as two processes or hosts would have) and four threads
+    append to one run at once: the chain index makes the losers retry, the chain stays whole."""
+    import threading
+    spec, raw, _ = store
+    journals = [Journal(spec), Journal(spec)]
+    journals[0].create_run("r", query="q", model="m")
+    barrier = threading.Barrier(4)
+
+    def append(t: int) -> None:
+        jj = journals[t % 2]
+        barrier.wait()
+        for i in range(25):
+            sid = f"r/s{t}-{i}"
+            jj.record_event({"run_id": "r", "stage": {"id": sid, "kind": "iteration",
+                                                      "status": "pending"},
+                             "from": None, "to": "pending", "ts": time.time()})
+    threads = [threading.Thread(target=append, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    v = verify_run(journals[0], "r")
+    assert v.events == 100 and [x for x in v.violations if x.check == "chain"] == []
+    for jj in journals:
+        jj.close()

@@ -10,8 +10,6 @@ this module holds only what PostgreSQL does differently:
   openers (several hosts starting at once) create it once;
 - append-only ``events`` and ``cells`` are enforced by triggers (``UPDATE``, ``DELETE`` and
   ``TRUNCATE`` raise);
-- ``_lock_run``: an advisory lock on the run id serialises the appends to a run's hash chain
-  across hosts;
 - driver errors become ``JournalError`` naming the server (never the password);
 - durability as SQLite's WAL mode: ``synchronous_commit = off`` for the journal's session, so a
   committed write survives the crash of the writing process (SIGKILL included) at once and a
@@ -240,9 +238,6 @@ class PostgresStore(Store):
                 raise self._translate(exc, action) from exc
             raise
         return result
-
-    def _lock_run(self, conn: Any, run_id: str) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (run_id,))
 
     def integrity_check(self, *, quick: bool = False) -> list[str]:
         """The server keeps its own data consistent; this checks that every table the schema

@@ -2,7 +2,7 @@
 
 - Stages (``StageRecords``): every transition of a stage is appended to ``events`` (append-only,
   ``seq`` strictly increasing across the journal) with its place in the run's hash chain
-  (``prev_hash``, ``hash``: ``harness.journal.encoding``) and, in the same transaction, the
+  (``prev_hash``, ``hash``: ``harness.journal.encoding``; no lock: see ``StageRecords``) and, in the same transaction, the
   stage's latest dict is upserted into ``stages``. ``record_event`` is usable directly as a
   ``harness.stages.StageTree`` listener.
 - Model calls (``ModelCallRecords``): one row per ``(run_id, call_id)`` with the request, its
@@ -71,8 +71,32 @@ def cell_record(row: tuple) -> dict:
             "created_at": created}
 
 
+_CHAIN_RETRIES = 8
+
+
+def _chain_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is the unique index ``events_chain`` refusing a second event with the same
+    ``prev_hash``: another writer appended to the run first (retry from the journal's head)."""
+    text = str(exc.__cause__ or exc)
+    return "events_chain" in text or "events.run_id, events.prev_hash" in text
+
+
 class StageRecords(Store):
-    """The stage methods of ``Journal``: ``record_event``, ``stages``, ``events``."""
+    """The stage methods of ``Journal``: ``record_event``, ``stages``, ``events``.
+
+    The hash chain needs no lock: the unique index ``events_chain`` on ``(run_id, prev_hash)``
+    lets each hash be chained from once, so of two writers appending to one run (threads, or
+    processes and hosts) the second one's insert fails and it retries from the journal's new
+    head. Each journal remembers the head of the runs it writes (``_heads``), so the usual append
+    is one insert; a head made stale by another writer costs one retry.
+    """
+
+    @property
+    def _heads(self) -> dict[str, str]:
+        heads = self.__dict__.get("_chain_heads")
+        if heads is None:
+            heads = self.__dict__["_chain_heads"] = {}
+        return heads
 
     def record_event(self, event: dict) -> None:
         """Record one stage transition: upsert the stage's latest row and append the event, in
@@ -107,8 +131,8 @@ class StageRecords(Store):
                                f"{exc}") from exc
 
         def write(conn: Any) -> None:
-            prev, digest = self._chain(conn, run_id, stage_id, from_status, to_status, ts,
-                                       stage_json)
+            prev = self._heads.get(run_id) or self._chain_head(conn, run_id)
+            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
             seq = conn.execute(
                 "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
                 "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
@@ -123,25 +147,29 @@ class StageRecords(Store):
                 "WHERE excluded.updated_ts >= stages.updated_ts",
                 (run_id, stage_id, stage.get("parent_id"), stage.get("kind"), to_status,
                  stage.get("level"), seq, ts, stage_json))
+            self._heads[run_id] = digest  # stale after a failed commit: the next append retries
 
-        self._transaction(f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}", write)
+        action = f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}"
+        for attempt in range(_CHAIN_RETRIES):
+            try:
+                return self._transaction(action, write)
+            except JournalError as exc:
+                self._heads.pop(run_id, None)
+                if not _chain_conflict(exc) or attempt == _CHAIN_RETRIES - 1:
+                    raise
 
-    def _chain(self, conn: Any, run_id: str, stage_id: str, from_status: str | None,
-               to_status: str, ts: float, stage_json: str) -> tuple[str | None, str | None]:
-        """Inside ``record_event``'s transaction: the new event's ``(prev_hash, hash)``, with
-        the run's chain locked until the transaction ends (``Store._lock_run``)."""
-        self._lock_run(conn, run_id)
+    def _chain_head(self, conn: Any, run_id: str) -> str:
+        """The hash a new event of ``run_id`` chains from, read from the journal: its latest
+        event's, or the run's anchor for its first event."""
         head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
                             "LIMIT 1", (run_id,)).fetchall()
         if head and head[0][0] is not None:
-            prev = head[0][0]
-        elif head:  # the run's earlier events predate the hash chain (schema version 1)
-            prev = run_anchor(run_id, None)
-        else:
-            inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
-                                  "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
-            prev = run_anchor(run_id, tuple(inputs[0]) if inputs else None)
-        return prev, event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
+            return head[0][0]
+        if head:  # the run's earlier events predate the hash chain (schema version 1)
+            return run_anchor(run_id, None)
+        inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
+                              "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+        return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
 
     def stages(self, run_id: str) -> list[dict]:
         """Return the latest dict of every stage of ``run_id``, in the order first recorded

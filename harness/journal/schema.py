@@ -25,7 +25,8 @@ Tables (times are unix seconds, ``REAL``; JSON columns hold compact UTF-8 JSON t
   request's hash;
 - ``cells``: every executed cell's code and output, append-only (triggers as for ``events``).
 
-Version 2 adds the tamper-evident hash chain (``events.prev_hash``, ``events.hash``), the hash of
+Version 2 adds the tamper-evident hash chain (``events.prev_hash``, ``events.hash``, and the
+unique index ``events_chain`` on ``(run_id, prev_hash)`` that keeps each chain linear), the hash of
 every model call's response (``model_calls.response_hash``) and the owner's boot id
 (``runs.owner_boot``).
 
@@ -129,7 +130,8 @@ _SCHEMA_V2 = """
 ALTER TABLE runs ADD COLUMN owner_boot TEXT;
 ALTER TABLE events ADD COLUMN prev_hash TEXT;
 ALTER TABLE events ADD COLUMN hash TEXT;
-ALTER TABLE model_calls ADD COLUMN response_hash TEXT
+ALTER TABLE model_calls ADD COLUMN response_hash TEXT;
+CREATE UNIQUE INDEX events_chain ON events(run_id, prev_hash)
 """
 
 _SQLITE_TOKENS = {"{real}": "REAL", "{seq}": "INTEGER PRIMARY KEY", "{rowid}": "",

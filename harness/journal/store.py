@@ -6,8 +6,7 @@ as one transaction (``_transaction``), close, check integrity. ``SQLiteStore`` i
 one SQLite file; ``harness.journal.pg_store.PostgresStore`` over a PostgreSQL database. Both run the
 same record statements and the same DDL (``harness.journal.schema.render``); what differs per
 dialect is isolated in the store: placeholders (``?`` is translated), the version stamp, the
-append-only triggers, error translation and ``_lock_run`` (serialising the appends of one run's hash
-chain: SQLite's ``BEGIN IMMEDIATE`` already does, PostgreSQL takes an advisory lock).
+append-only triggers and error translation.
 
 SQLite, as configured here:
 
@@ -122,11 +121,6 @@ class Store(ABC):
     _boot: str = ""
     _heartbeats: list[Any]
     dialect: str = "sqlite"
-
-    def _lock_run(self, conn: Any, run_id: str) -> None:
-        """Inside a ``_transaction``: serialise it against other transactions appending to
-        ``run_id``'s hash chain, until it ends. SQLite: nothing to do (``BEGIN IMMEDIATE`` holds
-        the file's write lock)."""
 
     @abstractmethod
     def _write1(self, action: str, sql: str, params: tuple,
