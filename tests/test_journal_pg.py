@@ -151,3 +151,5 @@ def test_unreachable_server_is_a_clear_error():
     with pytest.raises(JournalError, match="unreachable") as info:
         Journal("postgresql://u:secret@127.0.0.1:1/db", busy_timeout=2)
     assert "secret" not in str(info.value)
+
+

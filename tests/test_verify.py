@@ -183,3 +183,13 @@ def test_concurrent_writers_of_one_run_keep_one_linear_chain(store):
     assert v.events == 100 and [x for x in v.violations if x.check == "chain"] == []
     for jj in journals:
         jj.close()
+
+
+def test_stage_rows_hold_their_columns_on_both_stores(store):
+    from test_journal import lifecycle
+    spec, raw, _ = store
+    with Journal(spec) as j:
+        j.create_run("r", query="q", model="m")
+        lifecycle(j, "r", "s", level=2)
+    assert raw("SELECT stage_id, parent_id, kind, status, level FROM stages") == [
+        ("r/s", "r", "model_call", "completed", 2)]

@@ -18,6 +18,8 @@ This module imports only the standard library and ``harness.journal``'s own modu
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from typing import Any
 
@@ -26,7 +28,7 @@ from harness.journal.errors import JournalError, ModelCallConflictError
 from harness.journal.store import Store
 
 __all__ = ["StageRecords", "ModelCallRecords", "CellRecords", "STAGE_SELECT", "EVENT_SELECT",
-           "CHAIN_SELECT",
+           "CHAIN_SELECT", "EVENT_INSERT", "STAGE_UPSERT", "STAGE_ON_CONFLICT",
            "CALL_SELECT", "CELL_SELECT", "event_record", "call_record", "cell_record"]
 
 #: The latest stage dicts of a run (one ``?``: the run id), in the order first recorded.
@@ -34,6 +36,19 @@ STAGE_SELECT = "SELECT stage FROM stages WHERE run_id = ? ORDER BY first_seq"
 #: The events of a run, in recording order; rows for ``event_record``.
 EVENT_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage FROM events "
                 "WHERE run_id = ? ORDER BY seq")
+#: Appends one event (8 parameters: run id, stage id, from, to, ts, stage JSON, prev hash, hash).
+EVENT_INSERT = ("INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
+                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+#: What a stage row becomes on a later event: only an event not older than the row's writes it.
+STAGE_ON_CONFLICT = ("ON CONFLICT (run_id, stage_id) DO UPDATE SET parent_id = excluded.parent_id, "
+                     "kind = excluded.kind, status = excluded.status, level = excluded.level, "
+                     "updated_ts = excluded.updated_ts, stage = excluded.stage "
+                     "WHERE excluded.updated_ts >= stages.updated_ts")
+#: Upserts a stage's latest row (run id, stage id, parent id, kind, status, level, first seq,
+#: ts, stage JSON).
+STAGE_UPSERT = ("INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
+                "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                + STAGE_ON_CONFLICT)
 #: The chain columns of a run's events, in recording order (for ``harness.verify``).
 CHAIN_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage, prev_hash, hash "
                 "FROM events WHERE run_id = ? ORDER BY seq")
@@ -71,7 +86,7 @@ def cell_record(row: tuple) -> dict:
             "created_at": created}
 
 
-_CHAIN_RETRIES = 8
+_CHAIN_RETRIES = 50
 
 
 def _chain_conflict(exc: BaseException) -> bool:
@@ -93,10 +108,18 @@ class StageRecords(Store):
 
     @property
     def _heads(self) -> dict[str, str]:
-        heads = self.__dict__.get("_chain_heads")
-        if heads is None:
-            heads = self.__dict__["_chain_heads"] = {}
-        return heads
+        self._chain_lock  # noqa: B018 - a fresh cache after fork()
+        return self.__dict__["_chain_heads"]
+
+    @property
+    def _chain_lock(self) -> threading.Lock:
+        """Held from reading a run's head to appending after it: the threads sharing this
+        journal never race each other (only other processes' writers can, and retry)."""
+        d = self.__dict__
+        if d.get("_chain_pid") != os.getpid():
+            d["_chain_lock"], d["_chain_heads"], d["_chain_pid"] = (threading.Lock(), {},
+                                                                    os.getpid())
+        return d["_chain_lock"]
 
     def record_event(self, event: dict) -> None:
         """Record one stage transition: upsert the stage's latest row and append the event, in
@@ -130,45 +153,53 @@ class StageRecords(Store):
             raise JournalError(f"stage {stage_id!r} of run {run_id!r} is not JSON-serializable: "
                                f"{exc}") from exc
 
-        def write(conn: Any) -> None:
-            prev = self._heads.get(run_id) or self._chain_head(conn, run_id)
-            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
-            seq = conn.execute(
-                "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
-                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
-                (run_id, stage_id, from_status, to_status, ts, stage_json, prev,
-                 digest)).fetchone()[0]
-            conn.execute(
-                "INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
-                "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, stage_id) DO UPDATE SET parent_id = excluded.parent_id, "
-                "kind = excluded.kind, status = excluded.status, level = excluded.level, "
-                "updated_ts = excluded.updated_ts, stage = excluded.stage "
-                "WHERE excluded.updated_ts >= stages.updated_ts",
-                (run_id, stage_id, stage.get("parent_id"), stage.get("kind"), to_status,
-                 stage.get("level"), seq, ts, stage_json))
-            self._heads[run_id] = digest  # stale after a failed commit: the next append retries
-
         action = f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}"
+        with self._chain_lock:
+            self._append_chained(action, run_id, stage_id, from_status, to_status, ts,
+                                 stage_json, stage)
+
+    def _append_chained(self, action: str, run_id: str, stage_id: str, from_status: str | None,
+                        to_status: str, ts: float, stage_json: str, stage: dict) -> None:
         for attempt in range(_CHAIN_RETRIES):
+            prev = self._heads.get(run_id) or self._chain_head(action, run_id)
+            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
             try:
-                return self._transaction(action, write)
+                self._append_event(action, (run_id, stage_id, from_status, to_status, ts,
+                                            stage_json, prev, digest),
+                                   (stage.get("parent_id"), stage.get("kind"),
+                                    stage.get("level")))
             except JournalError as exc:
                 self._heads.pop(run_id, None)
                 if not _chain_conflict(exc) or attempt == _CHAIN_RETRIES - 1:
                     raise
+            else:
+                self._heads[run_id] = digest
+                return
 
-    def _chain_head(self, conn: Any, run_id: str) -> str:
+    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
+        """Insert one event (``EVENT_INSERT``'s parameters) and upsert its stage row
+        (``stage``: parent id, kind, level) in one transaction. A store may do it in one
+        statement (``PostgresStore``)."""
+        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
+
+        def write(conn: Any) -> None:
+            seq = conn.execute(EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
+            conn.execute(STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
+                                        stage[2], seq, ts, stage_json))
+
+        self._transaction(action, write)
+
+    def _chain_head(self, action: str, run_id: str) -> str:
         """The hash a new event of ``run_id`` chains from, read from the journal: its latest
         event's, or the run's anchor for its first event."""
-        head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
-                            "LIMIT 1", (run_id,)).fetchall()
+        head = self._read(action, "SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
+                          "LIMIT 1", (run_id,))
         if head and head[0][0] is not None:
             return head[0][0]
         if head:  # the run's earlier events predate the hash chain (schema version 1)
             return run_anchor(run_id, None)
-        inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
-                              "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+        inputs = self._read(action, "SELECT query, model, sub_model, max_depth, options "
+                            "FROM runs WHERE run_id = ?", (run_id,))
         return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
 
     def stages(self, run_id: str) -> list[dict]:
