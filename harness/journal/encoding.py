@@ -61,10 +61,17 @@ def run_anchor(run_id: str, inputs: tuple | None) -> str:
 
 def event_hash(prev_hash: str, run_id: str, stage_id: str, from_status: str | None,
                to_status: str, ts: float, stage_json: str) -> str:
-    """The chain hash of one event: sha256 over ``prev_hash`` and the event's stored columns."""
-    text = json.dumps([prev_hash, run_id, stage_id, from_status, to_status, float(ts),
-                       stage_json], separators=(",", ":"), ensure_ascii=False)
+    """The chain hash of one event: sha256 over ``prev_hash`` and the event's stored columns,
+    each text length-prefixed (``len:text``, ``-`` for null; ``ts`` as ``repr``), so no two
+    events encode alike. (Length prefixes rather than JSON: escaping the stage JSON again cost
+    ~60 us per event.)"""
+    text = "\n".join((prev_hash, _field(run_id), _field(stage_id), _field(from_status),
+                      _field(to_status), repr(float(ts)), _field(stage_json)))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _field(value: str | None) -> str:
+    return "-" if value is None else f"{len(value)}:{value}"
 
 
 def dumps(value: Any) -> str:
