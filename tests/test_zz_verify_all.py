@@ -6,11 +6,6 @@ Left out, by the test that wrote them: the storage unit tests (``test_journal``,
 purpose to show that verify catches it (the tamper tests and the edited-journal replay test)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import test_journal
@@ -29,10 +24,15 @@ def _skipped(test_dir: str) -> bool:
 
 
 def _verify(spec: str) -> tuple[int, str]:
-    p = subprocess.run([sys.executable, "-m", "rlm", "verify", "--all", "--journal", spec],
-                       capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
-    return p.returncode, p.stdout + p.stderr
+    """``rlm verify --all --journal SPEC``: the command's own code, in this process."""
+    import contextlib
+    import io
+
+    from rlm.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["verify", "--all", "--journal", spec])
+    return code, out.getvalue()
 
 
 def test_every_journal_the_suite_wrote_verifies(tmp_path_factory):
