@@ -158,3 +158,29 @@ def test_sigkill_then_resume_on_the_same_host(pg_url, tmp_path, server, kill_at)
     assert out.strip().startswith("sub["), out
     assert not [c for c in state["after"] if c in held]
     assert len(state["after"]) == 25 - len(held)
+
+
+def test_every_command_works_on_a_postgres_journal(pg_url, cli, scripted, tmp_path):
+    """run, runs, show, export, replay and verify with RLM_JOURNAL a PostgreSQL URL."""
+    import json
+    from conftest import endpoint_args, repl, script
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text("the context")
+    srv = scripted(script([repl("x = llm_query('hi')"), repl("FINAL(x)")], lambda r: "from-sub"))
+    env = {"RLM_JOURNAL": pg_url, "RLM_HOST": "host-a"}
+    run = cli("run", "--context", str(ctx), "--query", "q", "--run-id", "pg-1",
+              *endpoint_args(srv), env=env)
+    assert run.rc == 0 and run.stdout.strip() == "from-sub", run.stderr
+    srv.__exit__(None, None, None)  # everything below reads the journal only
+    runs = cli("runs", env=env)
+    assert "pg-1" in runs.stdout and "host-a" in runs.stdout, runs.stderr
+    show = cli("show", "pg-1", env=env)
+    assert show.rc == 0 and "model_call" in show.stdout, show.stderr
+    out = tmp_path / "pg-1.jsonl"
+    assert cli("export", "pg-1", "-o", str(out), env=env).rc == 0
+    types = [json.loads(line)["type"] for line in out.read_text().splitlines()]
+    assert types[0] == "run" and "event" in types and "model_call" in types and "cell" in types
+    replay = cli("replay", "pg-1", env=env)
+    assert replay.rc == 0 and replay.stdout.strip() == "from-sub", replay.stderr
+    verify = cli("verify", "--all", env=env)
+    assert verify.rc == 0 and "violation rate: 0.0000" in verify.stdout, verify.stderr
