@@ -34,7 +34,7 @@ from typing import Any, Callable, TypeVar
 
 from harness.journal import schema
 from harness.journal.errors import JournalError
-from harness.journal.records import EVENT_INSERT, STAGE_ON_CONFLICT
+from harness.journal.schema import EVENT_INSERT, STAGE_ON_CONFLICT
 from harness.journal.store import (
     _DEFAULT_BUSY_TIMEOUT,
     _DEFAULT_STALE_AFTER,

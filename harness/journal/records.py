@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.journal.encoding import dumps, event_hash, loads, run_anchor, value_hash
 from harness.journal.errors import JournalError, ModelCallConflictError
+from harness.journal.schema import EVENT_INSERT, STAGE_ON_CONFLICT, STAGE_UPSERT
 from harness.journal.store import Store
 
 __all__ = ["StageRecords", "ModelCallRecords", "CellRecords", "STAGE_SELECT", "EVENT_SELECT",
@@ -36,19 +37,6 @@ STAGE_SELECT = "SELECT stage FROM stages WHERE run_id = ? ORDER BY first_seq"
 #: The events of a run, in recording order; rows for ``event_record``.
 EVENT_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage FROM events "
                 "WHERE run_id = ? ORDER BY seq")
-#: Appends one event (8 parameters: run id, stage id, from, to, ts, stage JSON, prev hash, hash).
-EVENT_INSERT = ("INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
-                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-#: What a stage row becomes on a later event: only an event not older than the row's writes it.
-STAGE_ON_CONFLICT = ("ON CONFLICT (run_id, stage_id) DO UPDATE SET parent_id = excluded.parent_id, "
-                     "kind = excluded.kind, status = excluded.status, level = excluded.level, "
-                     "updated_ts = excluded.updated_ts, stage = excluded.stage "
-                     "WHERE excluded.updated_ts >= stages.updated_ts")
-#: Upserts a stage's latest row (run id, stage id, parent id, kind, status, level, first seq,
-#: ts, stage JSON).
-STAGE_UPSERT = ("INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
-                "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                + STAGE_ON_CONFLICT)
 #: The chain columns of a run's events, in recording order (for ``harness.verify``).
 CHAIN_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage, prev_hash, hash "
                 "FROM events WHERE run_id = ? ORDER BY seq")
@@ -175,19 +163,6 @@ class StageRecords(Store):
             else:
                 self._heads[run_id] = digest
                 return
-
-    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
-        """Insert one event (``EVENT_INSERT``'s parameters) and upsert its stage row
-        (``stage``: parent id, kind, level) in one transaction. A store may do it in one
-        statement (``PostgresStore``)."""
-        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
-
-        def write(conn: Any) -> None:
-            seq = conn.execute(EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
-            conn.execute(STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
-                                        stage[2], seq, ts, stage_json))
-
-        self._transaction(action, write)
 
     def _chain_head(self, action: str, run_id: str) -> str:
         """The hash a new event of ``run_id`` chains from, read from the journal: its latest

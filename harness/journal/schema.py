@@ -46,7 +46,8 @@ from typing import Any, Callable
 from harness.journal.errors import JournalSchemaError
 
 __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "inspect", "is_current", "check", "upgrade",
-           "render", "dialect_of", "execute_script"]
+           "render", "dialect_of", "execute_script", "EVENT_INSERT", "STAGE_UPSERT",
+           "STAGE_ON_CONFLICT"]
 
 #: The schema version this code writes, stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 2
@@ -147,6 +148,21 @@ _PG_APPEND_ONLY_FN = (
     "CREATE OR REPLACE FUNCTION rlm_append_only() RETURNS trigger LANGUAGE plpgsql AS $f$ "
     "BEGIN RAISE EXCEPTION 'journal % are append-only', TG_TABLE_NAME; END $f$")
 
+
+# The statements that append to the chain, shared by both stores.
+#: Appends one event (8 parameters: run id, stage id, from, to, ts, stage JSON, prev hash, hash).
+EVENT_INSERT = ("INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage, "
+                "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+#: What a stage row becomes on a later event: only an event not older than the row's writes it.
+STAGE_ON_CONFLICT = ("ON CONFLICT (run_id, stage_id) DO UPDATE SET parent_id = excluded.parent_id, "
+                     "kind = excluded.kind, status = excluded.status, level = excluded.level, "
+                     "updated_ts = excluded.updated_ts, stage = excluded.stage "
+                     "WHERE excluded.updated_ts >= stages.updated_ts")
+#: Upserts a stage's latest row (run id, stage id, parent id, kind, status, level, first seq,
+#: ts, stage JSON).
+STAGE_UPSERT = ("INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
+                "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                + STAGE_ON_CONFLICT)
 
 def _append_only(table: str, dialect: str) -> str:
     """The triggers that refuse UPDATE and DELETE (and TRUNCATE) on ``table``."""

@@ -122,6 +122,19 @@ class Store(ABC):
     _heartbeats: list[Any]
     dialect: str = "sqlite"
 
+    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
+        """Insert one event (``EVENT_INSERT``'s parameters) and upsert its stage row
+        (``stage``: parent id, kind, level) in one transaction. A store may do it in one
+        statement (``PostgresStore`` does)."""
+        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
+
+        def write(conn: Any) -> None:
+            seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
+            conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
+                                               stage[2], seq, ts, stage_json))
+
+        self._transaction(action, write)
+
     @abstractmethod
     def _write1(self, action: str, sql: str, params: tuple,
                 on_duplicate: Callable[[], JournalError] | None = None) -> int:
