@@ -17,8 +17,14 @@ Reported per configuration (median of ``--repeat`` runs):
 connection per thread (``threading.local``) with no Python lock, where threads contend on SQLite's
 own file lock and its sleeping busy handler.
 
+``--postgres`` measures the same on PostgreSQL too: a throwaway local server
+(``evals.pg_server``; or ``--postgres-url URL`` for an existing one), a fresh schema per
+measurement. ``--chain`` also measures each store with the hash chain switched off (no chain head
+read, no run lock, no hashing), so the difference is the chain's cost per stage.
+
     python -m evals.bench_journal [--stages 2000] [--threads 16] [--repeat 3]
-                                  [--compare-connections]
+                                  [--compare-connections] [--postgres | --postgres-url URL]
+                                  [--chain]
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import threading
 import time
 
 from harness.journal import Journal, request_hash
+from harness.journal.journal import PostgresJournal, SQLiteJournal
 
 
 def _stage(run_id: str, i: int, status: str) -> dict:
@@ -60,7 +67,26 @@ def journal_one_stage(j: Journal, run_id: str, i: int) -> None:
                         attempts=[{"n": 1, "seconds": 1.2}])
 
 
-class _PerThreadJournal(Journal):
+class _Unchained:
+    """The journal without its hash chain (for measuring the chain's cost only): the same event
+    append (statements, round trips), with no head lookup, no hashing and NULL chain columns."""
+
+    def _append_chained(self, action, run_id, stage_id, from_status, to_status, ts, stage_json,
+                        stage):  # type: ignore[override]
+        self._append_event(action, (run_id, stage_id, from_status, to_status, ts,  # type: ignore
+                                    stage_json, None, None),
+                           (stage.get("parent_id"), stage.get("kind"), stage.get("level")))
+
+
+class _UnchainedSQLite(_Unchained, SQLiteJournal):
+    pass
+
+
+class _UnchainedPostgres(_Unchained, PostgresJournal):
+    pass
+
+
+class _PerThreadJournal(SQLiteJournal):
     """The rejected alternative: one connection per thread, SQLite's locking only."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -84,14 +110,22 @@ class _PerThreadJournal(Journal):
         super().close()
 
 
+_PG_URL: str | None = None  # the server of the PostgreSQL measurements
+
+
 def run_once(cls: type[Journal], threads: int, stages: int) -> tuple[float, float, float, float]:
-    """Journal ``stages`` stages spread over ``threads`` threads on a fresh file.
+    """Journal ``stages`` stages spread over ``threads`` threads on a fresh file (or a fresh
+    PostgreSQL schema).
 
     Returns (wall µs per stage, p50, p99 and max µs of one stage's latency).
     """
     per_thread = max(1, stages // threads)
     with tempfile.TemporaryDirectory() as tmp:
-        j = cls(os.path.join(tmp, "journal.sqlite3"))
+        if issubclass(cls, PostgresJournal):
+            from evals.pg_server import fresh_schema
+            j = cls(fresh_schema(_PG_URL))
+        else:
+            j = cls(os.path.join(tmp, "journal.sqlite3"))
         try:
             for t in range(threads):
                 j.create_run(f"run-{t}", query="q", model="m")
@@ -136,11 +170,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (median)")
     parser.add_argument("--compare-connections", action="store_true",
                         help="also measure one connection per thread (the rejected design)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="also measure PostgreSQL on a throwaway local server")
+    parser.add_argument("--postgres-url", metavar="URL",
+                        help="also measure PostgreSQL on this server (a schema per run)")
+    parser.add_argument("--chain", action="store_true",
+                        help="also measure each store without the hash chain")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        global _PG_URL
+        if args.postgres_url:
+            _PG_URL = args.postgres_url
+        elif args.postgres:
+            from evals.pg_server import temporary_server
+            _PG_URL = stack.enter_context(temporary_server(durable=True))
+        return _main(args)
 
-    variants: list[tuple[str, type[Journal]]] = [("shared connection + lock (Journal)", Journal)]
+
+def _main(args: argparse.Namespace) -> int:
+    variants: list[tuple[str, type[Journal]]] = [("SQLite: shared connection + lock (Journal)",
+                                                  SQLiteJournal)]
+    if args.chain:
+        variants.append(("SQLite without the hash chain", _UnchainedSQLite))
     if args.compare_connections:
-        variants.append(("connection per thread (rejected)", _PerThreadJournal))
+        variants.append(("SQLite: connection per thread (rejected)", _PerThreadJournal))
+    if _PG_URL:
+        variants.append(("PostgreSQL (local server)", PostgresJournal))
+        if args.chain:
+            variants.append(("PostgreSQL without the hash chain", _UnchainedPostgres))
     print(f"journal overhead per stage (3 record_event + 1 record_model_call), "
           f"{args.stages} stages, median of {args.repeat}; cpus={os.cpu_count()}, "
           f"python {sys.version.split()[0]}")

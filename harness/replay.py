@@ -164,8 +164,9 @@ def begin_resume(journal: Any, record: dict, policy: str = "stop") -> Replay | N
             f"{record.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "
             "to finish, or resume it once its heartbeat is stale")
     if not journal.claim_run(run_id):
-        raise RunActiveError(f"run {run_id} could not be claimed for resume "
-                             "(another process took it first)")
+        now = journal.get_run(run_id) or {}
+        raise RunActiveError(f"run {run_id} was already resumed by {now.get('owner_host')} "
+                             f"(pid {now.get('owner_pid')}): another process claimed it first")
     return Replay(journal, run_id, strict=False, policy=policy)
 
 

@@ -26,6 +26,7 @@ EXIT_CODES = """exit codes:
   5    a budget cap ended the run (status budget_exceeded; the cap is named on stderr)
   6    replay/resume found a divergence from the journal
   7    the run ended without an answer (iterations exhausted, no FINAL)
+  8    rlm verify found a violation (the first bad event is named on stderr)
   130  interrupted (Ctrl-C)
 """
 
@@ -33,7 +34,9 @@ ENVIRONMENT = """environment:
   OPENAI_BASE_URL   endpoint base URL when --base-url is not given
   OPENAI_API_KEY    API key when --api-key is not given (never passed to kernels)
   RLM_MODEL         model name when --model is not given (with an endpoint)
-  RLM_JOURNAL       journal file (default: ~/.local/share/rlm/journal.sqlite3)
+  RLM_JOURNAL       journal: a SQLite file or a postgresql:// URL
+                    (default: ~/.local/share/rlm/journal.sqlite3)
+  RLM_HOST          host name recorded as a run's owner (default: the machine's host name)
   RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
   RLM_DEBUG=1       print tracebacks for unexpected errors
   RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
@@ -178,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint (needs the serve extra)", formatter_class=fmt)
     from .serve import add_arguments as add_serve_arguments
     add_serve_arguments(sv)
+
+    vf = sub.add_parser("verify", help="check runs against their journal: hash chain, legal "
+                        "transitions, evidence, usage, caps, replayed calls")
+    which = vf.add_mutually_exclusive_group(required=True)
+    which.add_argument("run_id", metavar="RUN_ID", nargs="?")
+    which.add_argument("--all", action="store_true", help="verify every run in the journal")
+    vf.add_argument("--json", action="store_true")
+    add_arguments(vf, "verify")
     return parser
 
 
@@ -209,7 +220,7 @@ def _emit(res, args, summary: bool = True) -> int:
             print(f"[rlm] run {res.run_id}: completed in {res.seconds:.1f} s, {res.iterations} "
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
                   f"tokens, ${u.get('cost_usd', 0):.4f}"
-                  + (" (estimated: the endpoint reported no usage)" if res.usage_estimated
+                  + (" (estimated: the endpoint reported no usage)" if getattr(res, "usage_estimated", False)
                      else ""), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
@@ -286,13 +297,43 @@ def _cmd_runs(args) -> int:
     if not runs:
         print(f"no runs in {j.path}")
         return 0
-    print(f"{'RUN ID':<18} {'STARTED':<19} {'STATE':<15} {'DEPTH':>5} {'COST $':>9}  MODEL / QUERY")
+    print(f"{'RUN ID':<18} {'STARTED':<19} {'STATE':<15} {'HOST':<16} {'DEPTH':>5} "
+          f"{'COST $':>9}  MODEL / QUERY")
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("created_at") or 0))
         cost = (r.get("usage") or {}).get("cost_usd") or 0.0
         q = (r.get("query") or "").replace("\n", " ")
-        print(f"{r['run_id']:<18} {started:<19} {r['state']:<15} {r.get('max_depth', ''):>5} "
+        host = str(r.get("owner_host") or "-")[:16]
+        print(f"{r['run_id']:<18} {started:<19} {r['state']:<15} {host:<16} "
+              f"{r.get('max_depth', ''):>5} "
               f"{cost:>9.4f}  {r.get('model')} / {q[:60]}")
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from harness.verify import verify_journal, violation_rate
+    j = _journal(args)
+    verdicts = verify_journal(j, None if args.all else [args.run_id])
+    rate = violation_rate(verdicts)
+    if args.json:
+        print(json.dumps({"runs": len(verdicts), "violation_rate": rate,
+                          "verdicts": [{"run_id": v.run_id, "ok": v.ok, "events": v.events,
+                                        "violations": [str(x) for x in v.violations]}
+                                       for v in verdicts]}, ensure_ascii=False))
+    else:
+        for v in verdicts:
+            print(v.summary())
+            for x in v.violations[1:] if not v.ok else ():
+                print(f"    also {x}")
+        if args.all:
+            bad = sum(not v.ok for v in verdicts)
+            print(f"violation rate: {rate:.4f} ({bad} of {len(verdicts)} runs violated) "
+                  f"in {j.path}")
+    for v in verdicts:
+        if not v.ok:
+            print(f"rlm: verify: run {v.run_id} violated its journal at {v.first}",
+                  file=sys.stderr)
+            return 8
     return 0
 
 
@@ -346,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
-                "serve": _cmd_serve}
+                "serve": _cmd_serve, "verify": _cmd_verify}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

@@ -112,7 +112,7 @@ GROUP_TITLES = {ENDPOINT: "model endpoint (default: the embedded local model)",
 
 #: ``rlm`` commands whose flags come (partly) from the registry (``Option.commands``).
 RUN, RESUME, REPLAY = "run", "resume", "replay"
-JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, "show", "runs", "export")
+JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, "show", "runs", "export", "verify")
 
 
 @dataclass(frozen=True)
@@ -359,11 +359,11 @@ OPTIONS: tuple[Option, ...] = (
                 "from that point",
            doc="a resumed call whose request differs from the journal: `stop` with a report, or "
                "go `live` from there (`rlm resume --on-divergence`)"),
-    Option("journal", "--journal", object, metavar="PATH", commands=JOURNAL_COMMANDS,
-           empty_is_unset=True,
-           switches=(Switch("--no-journal", False, "do not write a journal"),),
-           help="journal file (env RLM_JOURNAL)",
-           doc="journal file (a path), or `False` for none", doc_default="see below"),
+    Option("journal", "--journal", object, metavar="PATH|URL", commands=JOURNAL_COMMANDS,
+           empty_is_unset=True, switches=(Switch("--no-journal", False, "do not write a journal"),),
+           help="journal: a SQLite file or a postgresql:// URL (env RLM_JOURNAL)",
+           doc="journal: a SQLite file (a path) or a `postgresql://` URL, or `False` for none",
+           doc_default="see below"),
     # -- Python only ---------------------------------------------------------------------------
     Option("max_completion_tokens", None, int, 1024, min=1, max=1_000_000, stored=True,
            doc="output cap of root and child turns (tokens)"),

@@ -4,6 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The journal tests start their own PostgreSQL server from the Debian `postgresql` package's
+# binaries (initdb, pg_ctl); install it when they are missing.
+PG_BIN=${RLM_PG_BIN:-/usr/lib/postgresql/15/bin}
+if [ ! -x "$PG_BIN/initdb" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql
+fi
+if [ ! -x "$PG_BIN/initdb" ]; then
+    export RLM_PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")"
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'

@@ -240,3 +240,32 @@ def trajectory(tmp_path_factory):
     run_id, res = trajectory_run.make_run(journal)
     assert res.status == "completed" and res.answer == trajectory_run.ANSWER, res
     return journal, run_id, res
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+_PG_SERVERS: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server for the session (:func:`evals.pg_server.temporary_server`:
+    ``initdb``/``pg_ctl`` in a temporary directory, as ``postgres`` when run as root, on
+    127.0.0.1 and a free port). Yields the URL of its ``rlm`` database."""
+    from evals.pg_server import temporary_server
+    try:
+        with temporary_server() as url:
+            _PG_SERVERS.append(url)  # for test_zz_verify_all
+            yield url
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (scripts/test.sh installs it)")
+
+
+@pytest.fixture
+def pg_url(pg_server, request) -> str:
+    """A fresh, empty journal on the session's server: its own schema in the ``rlm`` database
+    (``search_path`` in the URL, the schema named after the test), so tests never see each
+    other's runs."""
+    from evals.pg_server import fresh_schema
+    return fresh_schema(pg_server, prefix=request.node.name)

@@ -411,7 +411,8 @@ def test_kind11_v1_journal_resumes_with_its_recorded_spend(tmp_path):
     con.close()
     with Journal(path) as j:
         spend = j.spend("old")
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    version = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
+    assert version == schema.SCHEMA_VERSION
     a = Accountant(Budget(max_calls=4, max_tokens=10_000), PriceTable(
         {"m": Price(1.0, 1.0)}, builtin=False), calibrate=True)
     carried = a.carry_over(spend)

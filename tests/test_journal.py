@@ -549,7 +549,7 @@ def test_close_stops_heartbeats_and_refuses_use(jpath):
 def test_new_file_gets_current_version(jpath):
     Journal(jpath).close()
     con = raw(jpath)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     con.close()
@@ -603,32 +603,35 @@ def test_older_version_is_migrated(jpath, monkeypatch, caplog):
         j.create_run("r", query="q", model="m")
         lifecycle(j, "r", "s")
 
-    def v2_to_v3(conn):
+    cur = SCHEMA_VERSION
+
+    def v1_to_v2(conn):
         conn.execute("ALTER TABLE runs ADD COLUMN labels TEXT")
 
-    monkeypatch.setattr(journal_mod, "SCHEMA_VERSION", 3)
-    monkeypatch.setitem(journal_mod._MIGRATIONS, 2, v2_to_v3)
+    monkeypatch.setattr(journal_mod, "SCHEMA_VERSION", cur + 1)
+    monkeypatch.setitem(journal_mod._MIGRATIONS, cur, v1_to_v2)
     with caplog.at_level(logging.INFO, logger="harness.journal"):
         with Journal(jpath) as j:
             assert j.get_run("r")["query"] == "q" and len(j.events("r")) == 3
-    assert "from schema version 2 to 3" in caplog.text
+    assert f"from schema version {cur} to {cur + 1}" in caplog.text
     con = raw(jpath)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert con.execute("PRAGMA user_version").fetchone()[0] == cur + 1
     assert "labels" in [r[1] for r in con.execute("PRAGMA table_info(runs)")]
     con.close()
     monkeypatch.undo()
-    with pytest.raises(JournalSchemaError, match=r"version 3, newer .* \(2\)"):
+    with pytest.raises(JournalSchemaError, match=rf"version {cur + 1}, newer .* \({cur}\)"):
         Journal(jpath)
 
 
 def test_older_version_without_migration_is_refused(jpath, monkeypatch):
     Journal(jpath).close()
-    monkeypatch.setattr(journal_mod, "SCHEMA_VERSION", 4)
-    monkeypatch.setitem(journal_mod._MIGRATIONS, 2, lambda conn: None)  # no 3 -> 4
+    cur = SCHEMA_VERSION
+    monkeypatch.setattr(journal_mod, "SCHEMA_VERSION", cur + 2)
+    monkeypatch.setitem(journal_mod._MIGRATIONS, cur, lambda conn: None)  # no cur+1 -> cur+2
     with pytest.raises(JournalSchemaError, match="no migration"):
         Journal(jpath)
     con = raw(jpath)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 2  # rolled back, untouched
+    assert con.execute("PRAGMA user_version").fetchone()[0] == cur  # rolled back, untouched
     con.close()
 
 

@@ -164,13 +164,13 @@ def _sample(o) -> str:
 def _argv(command: str) -> list[str]:
     return {"run": ["run", "--context", "c.txt"], "resume": ["resume", "R"],
             "replay": ["replay", "R"], "show": ["show", "R"], "runs": ["runs"],
-            "export": ["export", "R"]}[command]
+            "export": ["export", "R"], "verify": ["verify", "R"]}[command]
 
 
 def test_argparse_accepts_every_flag_of_every_command():
     parser = build_parser()
     commands = {c for o in OPTIONS for c in o.commands}
-    assert commands == {"run", "resume", "replay", "show", "runs", "export"}
+    assert commands == {"run", "resume", "replay", "show", "runs", "export", "verify"}
     for command in commands:
         takes = [o for o in OPTIONS if o.flag and command in o.commands]
         argv = _argv(command)

@@ -1,6 +1,9 @@
 """The journal: an append-only record of runs, stage transitions, model calls and cells.
 
-One SQLite file (WAL mode, ``synchronous=NORMAL``) holds everything resume and replay need:
+One SQLite file (WAL mode, ``synchronous=NORMAL``), or one PostgreSQL database shared by many
+hosts (``Journal("postgresql://...")``, ``pg_store.py``), holds everything resume, replay and
+``harness.verify`` need; both stores share the schema and the record statements. Every event
+carries its place in its run's hash chain (``prev_hash``, ``hash``), anchored to the run's inputs:
 
 - ``runs``: one row per run with its owner (pid, host) and heartbeat, so a crashed run (status
   ``running`` but heartbeat older than ``stale_after`` seconds, or owner process gone from this
@@ -39,9 +42,10 @@ Where things are (each module's docstring says more)::
     spend.py     the spend ledger (record_spend, spend)
     export.py    export_jsonl: one run as JSON Lines
     store.py     Store (the operations the records need) and SQLiteStore (file, WAL, lock, fork,
-                 error translation); default_journal_path
+                 error translation); default_journal_path, host_name, boot_id
+    pg_store.py  PostgresStore: the same over psycopg 3 (placeholders, rlm_meta, triggers)
     schema.py    SCHEMA_VERSION, APPLICATION_ID, the tables, the migrations between versions
-    encoding.py  request_hash and the JSON text stored in JSON columns
+    encoding.py  request_hash, the hash chain (run_anchor, event_hash) and the JSON text
     errors.py    JournalError and its subclasses
 
 This package imports only the standard library and ``harness.errors``: it knows nothing of models

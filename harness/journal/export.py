@@ -60,7 +60,7 @@ class JsonlExport(Store):
 
         def records() -> Iterator[dict]:
             yield {"type": "run", **run_record(run_row[0], time.time(), self.stale_after,
-                                               self._host)}
+                                               self._host, self._boot)}
             for (stage,) in stage_rows:
                 yield {"type": "stage", "run_id": run_id, "stage": json.loads(stage)}
             for row in event_rows:

@@ -1,4 +1,4 @@
-"""``Journal``: the one class callers use, assembled from the record classes over SQLite.
+"""``Journal``: the one class callers use, assembled from the record classes over a store.
 
 Each group of methods lives with the records it writes::
 
@@ -11,43 +11,72 @@ Each group of methods lives with the records it writes::
       SpendRecords      spend.py     record_spend, spend (the spend ledger: reservations
                                      before sending, settlements, releases)
       JsonlExport       export.py    export_jsonl
-      SQLiteStore       store.py     the file, its connection and lock, close, integrity_check
+    SQLiteJournal = Journal + SQLiteStore      (store.py: a file path)
+    PostgresJournal = Journal + PostgresStore  (pg_store.py: a postgresql:// URL)
+
+``Journal(spec)`` picks the store from ``spec``: a ``postgresql://`` / ``postgres://`` URL opens
+the PostgreSQL journal, anything else is a SQLite file path (``None``: ``$RLM_JOURNAL``, which may
+be a URL too, else the default file). Both are instances of ``Journal``.
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from harness.journal.export import JsonlExport
+from harness.journal.pg_store import PostgresStore, is_postgres_url
 from harness.journal.records import CellRecords, ModelCallRecords, StageRecords
 from harness.journal.runs import RunRecords
 from harness.journal.spend import SpendRecords
-from harness.journal.store import SQLiteStore
+from harness.journal.store import SQLiteStore, Store
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "SQLiteJournal", "PostgresJournal"]
 
 
 class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendRecords, JsonlExport,
-              SQLiteStore):
-    """An append-only journal of runs in one SQLite file. Thread-safe; multi-process safe.
+              Store):
+    """An append-only journal of runs, in one SQLite file or one PostgreSQL database.
+    Thread-safe; multi-process safe (and, on PostgreSQL, multi-host safe).
 
     Args:
-        path: the journal file (``str`` or ``Path``); ``None`` means ``default_journal_path()``.
-            Parent directories are created.
+        path: the journal: a SQLite file (``str`` or ``Path``; parent directories are created)
+            or a ``postgresql://user@host/db`` URL; ``None`` means ``$RLM_JOURNAL`` (a path or
+            URL), else ``default_journal_path()``.
         stale_after: seconds after which a ``running`` run whose heartbeat has not been refreshed
             counts as crashed (``get_run``'s ``state``, ``claim_run``). Default 10.
         busy_timeout: seconds a write waits for another process's lock before failing. Default 30.
 
     Raises:
         JournalCorruptError: the file is not a SQLite database, or is damaged.
-        JournalSchemaError: the file's schema version is newer than this code knows, or it is not
-            an rlm journal; the file is not modified.
+        JournalSchemaError: the file's (database's) schema version is newer than this code knows,
+            or it is not an rlm journal; nothing is modified.
         JournalError: the file or its directory cannot be created, opened or written (read-only,
-            disk full, locked for longer than ``busy_timeout``).
+            disk full, locked for longer than ``busy_timeout``); the server cannot be reached.
 
     All timestamps are unix seconds (``float``, ``time.time()``). All methods raise
-    ``JournalError`` (or a subclass) on a storage failure, never a bare ``sqlite3`` error, and
+    ``JournalError`` (or a subclass) on a storage failure, never a driver's own error, and
     ``JournalError`` after ``close()``. Use as a context manager to close it.
     """
 
+    def __new__(cls, path: Any = None, **kwargs: Any) -> "Journal":
+        if cls is Journal:
+            spec = path if path is not None else os.environ.get("RLM_JOURNAL") or None
+            cls = PostgresJournal if is_postgres_url(spec) else SQLiteJournal
+        return super().__new__(cls)
+
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r}{', closed' if self._closed else ''})"
+
+
+class SQLiteJournal(Journal, SQLiteStore):
+    """The journal in one SQLite file (see ``Journal``)."""
+
+
+class PostgresJournal(Journal, PostgresStore):
+    """The journal in one PostgreSQL database (see ``Journal``)."""
+
+    def __init__(self, path: Any = None, **kwargs: Any) -> None:
+        PostgresStore.__init__(self, path if path is not None else os.environ["RLM_JOURNAL"],
+                               **kwargs)

@@ -1,8 +1,9 @@
 """What a run records as it goes: stage transitions, model calls and executed cells.
 
 - Stages (``StageRecords``): every transition of a stage is appended to ``events`` (append-only,
-  ``seq`` strictly increasing across the journal) and, in the same transaction, the stage's latest
-  dict is upserted into ``stages``. ``record_event`` is usable directly as a
+  ``seq`` strictly increasing across the journal) with its place in the run's hash chain
+  (``prev_hash``, ``hash``: ``harness.journal.encoding``; no lock: see ``StageRecords``) and, in the same transaction, the
+  stage's latest dict is upserted into ``stages``. ``record_event`` is usable directly as a
   ``harness.stages.StageTree`` listener.
 - Model calls (``ModelCallRecords``): one row per ``(run_id, call_id)`` with the request, its
   ``request_hash``, the response, usage and every attempt. A resumed run serves a call from here
@@ -17,14 +18,18 @@ This module imports only the standard library and ``harness.journal``'s own modu
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from typing import Any
 
-from harness.journal.encoding import dumps, loads
+from harness.journal.encoding import dumps, event_hash, loads, run_anchor, value_hash
 from harness.journal.errors import JournalError, ModelCallConflictError
+from harness.journal.schema import EVENT_INSERT, STAGE_ON_CONFLICT, STAGE_UPSERT
 from harness.journal.store import Store
 
 __all__ = ["StageRecords", "ModelCallRecords", "CellRecords", "STAGE_SELECT", "EVENT_SELECT",
+           "CHAIN_SELECT", "EVENT_INSERT", "STAGE_UPSERT", "STAGE_ON_CONFLICT",
            "CALL_SELECT", "CELL_SELECT", "event_record", "call_record", "cell_record"]
 
 #: The latest stage dicts of a run (one ``?``: the run id), in the order first recorded.
@@ -32,7 +37,11 @@ STAGE_SELECT = "SELECT stage FROM stages WHERE run_id = ? ORDER BY first_seq"
 #: The events of a run, in recording order; rows for ``event_record``.
 EVENT_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage FROM events "
                 "WHERE run_id = ? ORDER BY seq")
-_CALL_COLUMNS = "call_id, request_hash, request, response, usage, attempts, created_at"
+#: The chain columns of a run's events, in recording order (for ``harness.verify``).
+CHAIN_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage, prev_hash, hash "
+                "FROM events WHERE run_id = ? ORDER BY seq")
+_CALL_COLUMNS = ("call_id, request_hash, request, response, usage, attempts, created_at, "
+                 "response_hash")
 #: The model calls of a run, in recording order; rows for ``call_record``.
 CALL_SELECT = f"SELECT {_CALL_COLUMNS} FROM model_calls WHERE run_id = ? ORDER BY rowid"
 #: The cells of a run, in recording order; rows for ``cell_record``.
@@ -51,10 +60,10 @@ def event_record(run_id: str, row: tuple) -> dict:
 def call_record(row: tuple) -> dict:
     """Decode a ``CALL_SELECT`` row: ``call_id``, ``request_hash`` (str), ``request``,
     ``response``, ``usage``, ``attempts`` (as recorded) and ``created_at`` (unix seconds)."""
-    call_id, rhash, request, response, usage, attempts, created_at = row
+    call_id, rhash, request, response, usage, attempts, created_at, resp_hash = row
     return {"call_id": call_id, "request_hash": rhash, "request": json.loads(request),
             "response": loads(response), "usage": loads(usage),
-            "attempts": loads(attempts), "created_at": created_at}
+            "attempts": loads(attempts), "created_at": created_at, "response_hash": resp_hash}
 
 
 def cell_record(row: tuple) -> dict:
@@ -65,8 +74,40 @@ def cell_record(row: tuple) -> dict:
             "created_at": created}
 
 
+_CHAIN_RETRIES = 50
+
+
+def _chain_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is the unique index ``events_chain`` refusing a second event with the same
+    ``prev_hash``: another writer appended to the run first (retry from the journal's head)."""
+    text = str(exc.__cause__ or exc)
+    return "events_chain" in text or "events.run_id, events.prev_hash" in text
+
+
 class StageRecords(Store):
-    """The stage methods of ``Journal``: ``record_event``, ``stages``, ``events``."""
+    """The stage methods of ``Journal``: ``record_event``, ``stages``, ``events``.
+
+    The hash chain needs no lock: the unique index ``events_chain`` on ``(run_id, prev_hash)``
+    lets each hash be chained from once, so of two writers appending to one run (threads, or
+    processes and hosts) the second one's insert fails and it retries from the journal's new
+    head. Each journal remembers the head of the runs it writes (``_heads``), so the usual append
+    is one insert; a head made stale by another writer costs one retry.
+    """
+
+    @property
+    def _heads(self) -> dict[str, str]:
+        self._chain_lock  # noqa: B018 - a fresh cache after fork()
+        return self.__dict__["_chain_heads"]
+
+    @property
+    def _chain_lock(self) -> threading.Lock:
+        """Held from reading a run's head to appending after it: the threads sharing this
+        journal never race each other (only other processes' writers can, and retry)."""
+        d = self.__dict__
+        if d.get("_chain_pid") != os.getpid():
+            d["_chain_lock"], d["_chain_heads"], d["_chain_pid"] = (threading.Lock(), {},
+                                                                    os.getpid())
+        return d["_chain_lock"]
 
     def record_event(self, event: dict) -> None:
         """Record one stage transition: upsert the stage's latest row and append the event, in
@@ -100,22 +141,41 @@ class StageRecords(Store):
             raise JournalError(f"stage {stage_id!r} of run {run_id!r} is not JSON-serializable: "
                                f"{exc}") from exc
 
-        def write(conn: Any) -> None:
-            seq = conn.execute(
-                "INSERT INTO events (run_id, stage_id, from_status, to_status, ts, stage) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, stage_id, from_status, to_status, ts, stage_json)).lastrowid
-            conn.execute(
-                "INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, "
-                "first_seq, updated_ts, stage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, stage_id) DO UPDATE SET parent_id = excluded.parent_id, "
-                "kind = excluded.kind, status = excluded.status, level = excluded.level, "
-                "updated_ts = excluded.updated_ts, stage = excluded.stage "
-                "WHERE excluded.updated_ts >= stages.updated_ts",
-                (run_id, stage_id, stage.get("parent_id"), stage.get("kind"), to_status,
-                 stage.get("level"), seq, ts, stage_json))
+        action = f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}"
+        with self._chain_lock:
+            self._append_chained(action, run_id, stage_id, from_status, to_status, ts,
+                                 stage_json, stage)
 
-        self._transaction(f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}", write)
+    def _append_chained(self, action: str, run_id: str, stage_id: str, from_status: str | None,
+                        to_status: str, ts: float, stage_json: str, stage: dict) -> None:
+        for attempt in range(_CHAIN_RETRIES):
+            prev = self._heads.get(run_id) or self._chain_head(action, run_id)
+            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
+            try:
+                self._append_event(action, (run_id, stage_id, from_status, to_status, ts,
+                                            stage_json, prev, digest),
+                                   (stage.get("parent_id"), stage.get("kind"),
+                                    stage.get("level")))
+            except JournalError as exc:
+                self._heads.pop(run_id, None)
+                if not _chain_conflict(exc) or attempt == _CHAIN_RETRIES - 1:
+                    raise
+            else:
+                self._heads[run_id] = digest
+                return
+
+    def _chain_head(self, action: str, run_id: str) -> str:
+        """The hash a new event of ``run_id`` chains from, read from the journal: its latest
+        event's, or the run's anchor for its first event."""
+        head = self._read(action, "SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
+                          "LIMIT 1", (run_id,))
+        if head and head[0][0] is not None:
+            return head[0][0]
+        if head:  # the run's earlier events predate the hash chain (schema version 1)
+            return run_anchor(run_id, None)
+        inputs = self._read(action, "SELECT query, model, sub_model, max_depth, options "
+                            "FROM runs WHERE run_id = ?", (run_id,))
+        return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
 
     def stages(self, run_id: str) -> list[dict]:
         """Return the latest dict of every stage of ``run_id``, in the order first recorded
@@ -144,7 +204,8 @@ class ModelCallRecords(Store):
 
         Args:
             run_id, call_id: the call's key; ``call_id`` is its deterministic stage id.
-            request_hash: ``request_hash(request)`` (sha256 hex).
+            request_hash: ``request_hash(request)`` (sha256 hex). The response's own hash
+                (``value_hash(response)``) is stored with it as ``response_hash``.
             request, response, usage, attempts: JSON-able values, stored as JSON.
             replace: overwrite an existing record of ``(run_id, call_id)``. For a resumed run
                 that went live after a divergence (its calls from that point on supersede the
@@ -169,13 +230,14 @@ class ModelCallRecords(Store):
         on_conflict = ("DO UPDATE SET request_hash = excluded.request_hash, "
                        "request = excluded.request, response = excluded.response, "
                        "usage = excluded.usage, attempts = excluded.attempts, "
-                       "created_at = excluded.created_at" if replace else "DO NOTHING")
+                       "created_at = excluded.created_at, response_hash = excluded.response_hash"
+                       if replace else "DO NOTHING")
         changed = self._write1(
             f"record model call {call_id!r} of run {run_id!r}",
             "INSERT INTO model_calls (run_id, call_id, request_hash, request, response, usage, "
-            "attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "attempts, created_at, response_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             f"ON CONFLICT (run_id, call_id) {on_conflict}",
-            (run_id, call_id, request_hash, *values, time.time()))
+            (run_id, call_id, request_hash, *values, time.time(), value_hash(response)))
         if changed:
             return True
         existing = self._read("look up a model call",

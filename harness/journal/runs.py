@@ -1,9 +1,10 @@
 """Run records: create, claim (to resume), keep alive, finish and read the runs of a journal.
 
-A run row has an owner (pid and host name of the process running it) and a heartbeat (unix
-seconds). A run whose status is ``running`` counts as *crashed* when its heartbeat is older than
-``stale_after`` seconds, or when its owner ran on this host and that process is gone (so a run
-killed a moment ago can be resumed at once). ``claim_run`` takes over only such a run, or a
+A run row has an owner (host name, pid and the host's boot id, so one journal can be shared by
+many hosts) and a heartbeat (unix seconds). A run whose status is ``running`` counts as *crashed*
+when its heartbeat is older than ``stale_after`` seconds, or when its owner ran on this host and
+that process is gone or the host has rebooted since (so a run killed a moment ago can be resumed
+at once); a crashed run can be claimed from any host. ``claim_run`` takes over only such a run, or a
 finished one; a live owner's run is never taken, and of several concurrent claimers exactly one
 wins. ``Heartbeat`` keeps a run's heartbeat fresh from a daemon thread.
 
@@ -36,7 +37,7 @@ log = logging.getLogger("harness.journal")
 
 _RUN_COLUMNS = ("run_id", "created_at", "updated_at", "status", "query", "model",
                 "sub_model", "max_depth", "options", "answer", "usage", "error", "owner_pid",
-                "owner_host", "heartbeat_at", "finished_at")
+                "owner_host", "heartbeat_at", "finished_at", "owner_boot")
 #: Selects the columns ``run_record`` decodes; append a ``WHERE`` / ``ORDER BY`` clause.
 RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
 
@@ -60,14 +61,20 @@ def _pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")  # killed but not yet reaped is dead
 
 
-def _owner_dead(pid: int | None, host: str | None, this_host: str) -> bool:
-    """True only if the owner ran on this host and its process is gone (pid reuse, another
-    pid namespace or any doubt count as alive: then only heartbeat staleness decides)."""
-    return (host == this_host and pid is not None and pid != os.getpid()
-            and not _pid_alive(pid))
+def _owner_dead(pid: int | None, host: str | None, this_host: str, boot: str | None = None,
+                this_boot: str = "") -> bool:
+    """True only if the owner ran on this host and its process is gone, or the host rebooted
+    since (another boot id); pid reuse, another pid namespace or any doubt count as alive: then
+    only heartbeat staleness decides."""
+    if host != this_host or pid is None:
+        return False
+    if boot and this_boot and boot != this_boot:
+        return True
+    return pid != os.getpid() and not _pid_alive(pid)
 
 
-def run_record(row: tuple, now: float, stale_after: float, this_host: str) -> dict:
+def run_record(row: tuple, now: float, stale_after: float, this_host: str,
+               this_boot: str = "") -> dict:
     """Decode one ``RUN_SELECT`` row into the run record described in the module docstring.
 
     ``now`` (unix seconds) and ``stale_after`` (seconds) decide whether a ``running`` run has
@@ -79,7 +86,8 @@ def run_record(row: tuple, now: float, stale_after: float, this_host: str) -> di
     state = run["status"]
     if state == "running" and (run["heartbeat_at"] is None
                                or now - run["heartbeat_at"] > stale_after
-                               or _owner_dead(run["owner_pid"], run["owner_host"], this_host)):
+                               or _owner_dead(run["owner_pid"], run["owner_host"], this_host,
+                                              run["owner_boot"], this_boot)):
         state = "crashed"
     run["state"] = state
     return run
@@ -159,10 +167,10 @@ class RunRecords(Store):
         self._write1(
             f"create run {run_id!r}",
             "INSERT INTO runs (run_id, created_at, updated_at, status, query, model, "
-            "sub_model, max_depth, options, owner_pid, owner_host, heartbeat_at) "
-            "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+            "sub_model, max_depth, options, owner_pid, owner_host, owner_boot, heartbeat_at) "
+            "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, now, now, query, model, sub_model, int(max_depth), options_json,
-             os.getpid(), self._host, now),
+             os.getpid(), self._host, self._boot, now),
             on_duplicate=lambda: RunExistsError(
                 f"run {run_id!r} already exists in journal {self.path}; resume it "
                 f"(claim_run) or choose another run id"))
@@ -189,27 +197,27 @@ class RunRecords(Store):
         now = time.time()
         changed = self._write1(
             f"claim run {run_id!r}",
-            "UPDATE runs SET status = 'running', owner_pid = ?, owner_host = ?, heartbeat_at = ?, "
-            "updated_at = ?, finished_at = NULL WHERE run_id = ? AND (status != 'running' OR "
-            "heartbeat_at IS NULL OR heartbeat_at < ?)",
-            (os.getpid(), self._host, now, now, run_id, now - self.stale_after))
+            "UPDATE runs SET status = 'running', owner_pid = ?, owner_host = ?, owner_boot = ?, "
+            "heartbeat_at = ?, updated_at = ?, finished_at = NULL WHERE run_id = ? AND "
+            "(status != 'running' OR heartbeat_at IS NULL OR heartbeat_at < ?)",
+            (os.getpid(), self._host, self._boot, now, now, run_id, now - self.stale_after))
         if changed:
             return True
         rows = self._read(f"claim run {run_id!r}", "SELECT status, owner_pid, owner_host, "
-                          "heartbeat_at FROM runs WHERE run_id = ?", (run_id,))
+                          "heartbeat_at, owner_boot FROM runs WHERE run_id = ?", (run_id,))
         if not rows:
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
-        status, pid, host, beat = rows[0]
-        if status != "running" or not _owner_dead(pid, host, self._host):
+        status, pid, host, beat, boot = rows[0]
+        if status != "running" or not _owner_dead(pid, host, self._host, boot, self._boot):
             return False
         # The owner died on this host before its heartbeat went stale: compare-and-set on the
         # row as read, so of several claimers only the first one changes it.
         return bool(self._write1(
             f"claim run {run_id!r}",
-            "UPDATE runs SET owner_pid = ?, owner_host = ?, heartbeat_at = ?, updated_at = ?, "
-            "finished_at = NULL WHERE run_id = ? AND status = 'running' AND owner_pid = ? AND "
-            "owner_host = ? AND heartbeat_at IS ?",
-            (os.getpid(), self._host, now, now, run_id, pid, host, beat)))
+            "UPDATE runs SET owner_pid = ?, owner_host = ?, owner_boot = ?, heartbeat_at = ?, "
+            "updated_at = ?, finished_at = NULL WHERE run_id = ? AND status = 'running' AND "
+            "owner_pid = ? AND owner_host = ? AND heartbeat_at IS ?",
+            (os.getpid(), self._host, self._boot, now, now, run_id, pid, host, beat)))
 
     def heartbeat(self, run_id: str) -> bool:
         """Refresh the heartbeat of a ``running`` run this process owns.
@@ -298,7 +306,8 @@ class RunRecords(Store):
         if not rows:
             return None
         return run_record(rows[0], time.time(),
-                          self.stale_after if stale_after is None else stale_after, self._host)
+                          self.stale_after if stale_after is None else stale_after, self._host,
+                          self._boot)
 
     def list_runs(self, limit: int = 50, *, stale_after: float | None = None) -> list[dict]:
         """Return up to ``limit`` run records, newest (by ``created_at``) first, as ``get_run``."""
@@ -306,4 +315,4 @@ class RunRecords(Store):
                           "LIMIT ?", (int(limit),))
         now = time.time()
         stale = self.stale_after if stale_after is None else stale_after
-        return [run_record(r, now, stale, self._host) for r in rows]
+        return [run_record(r, now, stale, self._host, self._boot) for r in rows]

@@ -3,10 +3,10 @@
 The record classes (``runs``, ``records``, ``export``) are written against the few operations
 named by ``Store``: run one statement (``_write1``), read rows (``_read``), run several statements
 as one transaction (``_transaction``), close, check integrity. ``SQLiteStore`` implements them over
-one SQLite file; a second store (PostgreSQL, say) would implement the same operations, translate
-its driver's errors into ``JournalError``, create its own tables (``harness.journal.schema`` is the
-SQLite one) and rewrite the few SQLite-only spots of the record statements (``?`` placeholders,
-``rowid`` ordering, ``IS ?``).
+one SQLite file; ``harness.journal.pg_store.PostgresStore`` over a PostgreSQL database. Both run the
+same record statements and the same DDL (``harness.journal.schema.render``); what differs per
+dialect is isolated in the store: placeholders (``?`` is translated), the version stamp, the
+append-only triggers and error translation.
 
 SQLite, as configured here:
 
@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import sqlite3
+from functools import lru_cache
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any, Callable, TypeVar
 from harness.journal import schema
 from harness.journal.errors import JournalCorruptError, JournalError
 
-__all__ = ["Store", "SQLiteStore", "default_journal_path"]
+__all__ = ["Store", "SQLiteStore", "default_journal_path", "host_name", "boot_id"]
 
 # One logger for the whole journal package, named as before the package was split.
 log = logging.getLogger("harness.journal")
@@ -58,6 +59,27 @@ _SQLITE_NOTADB = 26
 
 _S = TypeVar("_S", bound="SQLiteStore")
 _T = TypeVar("_T")
+
+
+def host_name() -> str:
+    """This host's name as a run owner: ``$RLM_HOST`` if set (containers sharing a host name,
+    tests posing as several hosts), else ``socket.gethostname()``."""
+    return os.environ.get("RLM_HOST") or socket.gethostname()
+
+
+@lru_cache(maxsize=1)
+def _kernel_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # no /proc (macOS): unknown, so a reboot is never inferred
+        return ""
+
+
+def boot_id() -> str:
+    """This host's boot id (``$RLM_BOOT_ID``, else the kernel's, else ``""``): an owner recorded
+    with this host name but another boot id is gone (the host rebooted since)."""
+    return os.environ.get("RLM_BOOT_ID") or _kernel_boot_id()
 
 
 def default_journal_path() -> Path:
@@ -82,8 +104,10 @@ class Store(ABC):
         stale_after: seconds after which a ``running`` run whose heartbeat was not refreshed
             counts as crashed.
         busy_timeout: seconds a write waits for another writer's lock before failing.
-        _host: this host's name (``socket.gethostname()``), recorded as a run's owner host.
+        _host: this host's name (``host_name()``), recorded as a run's owner host.
+        _boot: this host's boot id (``boot_id()``), recorded with it.
         _heartbeats: the running ``Heartbeat`` threads, stopped by ``close()``.
+        dialect: ``"sqlite"`` or ``"postgresql"``.
 
     ``action`` arguments are short phrases (``"create run 'r1'"``) that an error message reads
     as "cannot <action>". Every operation raises ``JournalError`` (or a subclass) on failure and
@@ -94,7 +118,22 @@ class Store(ABC):
     stale_after: float
     busy_timeout: float
     _host: str
+    _boot: str = ""
     _heartbeats: list[Any]
+    dialect: str = "sqlite"
+
+    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
+        """Insert one event (``EVENT_INSERT``'s parameters) and upsert its stage row
+        (``stage``: parent id, kind, level) in one transaction. A store may do it in one
+        statement (``PostgresStore`` does)."""
+        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
+
+        def write(conn: Any) -> None:
+            seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
+            conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
+                                               stage[2], seq, ts, stage_json))
+
+        self._transaction(action, write)
 
     @abstractmethod
     def _write1(self, action: str, sql: str, params: tuple,
@@ -167,7 +206,8 @@ class SQLiteStore(Store):
         self._closed = False
         self._heartbeats = []
         self._orphans: list[sqlite3.Connection] = []  # connections inherited across fork()
-        self._host = socket.gethostname()
+        self._host = host_name()
+        self._boot = boot_id()
         self._pid = os.getpid()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
