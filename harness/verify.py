@@ -182,9 +182,15 @@ def _check_transitions(rows: list[tuple], stage_rows: list[tuple], out: list) ->
 
 def _check_evidence(latest: dict, calls: dict, cells: list[dict], out: list) -> None:
     cell_ids = {c["stage_id"] for c in cells}
-    finals = {str(st["evidence"]["final"]) for _s, st in latest.values()
-              if st.get("kind") == "cell" and st.get("status") == "completed"
-              and isinstance(st.get("evidence"), dict) and st["evidence"].get("final") is not None}
+    finals: set[str] = set()
+    for _s, st in latest.values():
+        ev = st.get("evidence")
+        if st.get("kind") == "cell" and st.get("status") == "completed" and isinstance(ev, dict) \
+                and ev.get("final") is not None:
+            finals.add(str(ev["final"]))
+            check = ev.get("check")
+            if isinstance(check, dict) and check.get("ok") and check.get("answer") is not None:
+                finals.add(str(check["answer"]))  # a checked answer: its canonical form
     for sid, (seq, st) in latest.items():
         kind, ev, done = st.get("kind"), st.get("evidence"), st.get("status") == "completed"
         replayed = bool((st.get("meta") or {}).get("replayed"))

@@ -180,8 +180,13 @@ class Verdict:
     gate: str = ""
 
     def evidence(self) -> dict:
-        """What the cell stage keeps as evidence of this verdict (JSON-able)."""
-        return {"ok": self.ok, "gate": self.gate, "reason": self.reason}
+        """What the cell stage keeps as evidence of this verdict (JSON-able): ``ok``, ``gate``,
+        ``reason`` and, when accepted, the ``answer`` the run returns (so a journal shows which
+        cell produced the run's answer)."""
+        ev = {"ok": self.ok, "gate": self.gate, "reason": self.reason}
+        if self.ok and self.answer is not None:
+            ev["answer"] = self.answer
+        return ev
 
     def feedback(self) -> str:
         """What the model is told when the value was refused."""
