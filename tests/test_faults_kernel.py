@@ -234,9 +234,9 @@ def test_kind8_supervisor_killed_by_the_cell(api, monkeypatch):
     count = ("sum(1 for p in os.listdir('/proc') if p.isdigit() and "
              "T.encode() in open(f'/proc/{p}/cmdline', 'rb').read())")
     replies = [
-        repl(_escapees(a), "import signal", "os.kill(os.getppid(), signal.SIGKILL)", "time.sleep(5)"),
+        repl(_escapees(a), "import signal", "os.kill(os.getppid(), signal.SIGKILL)", "time.sleep(60)"),
         repl("import os", f"T = {a!r}", f"print('LEFT A', {count})"),
-        repl(_escapees(b), "import signal", "os.kill(os.getppid(), signal.SIGUSR1)", "time.sleep(5)"),
+        repl(_escapees(b), "import signal", "os.kill(os.getppid(), signal.SIGUSR1)", "time.sleep(60)"),
         repl("import os", f"T = {b!r}", f"FINAL(str({count}))"),
     ]
     res, srv = api(script(replies), "ctx", max_kernel_restarts=3)
