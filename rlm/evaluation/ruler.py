@@ -246,13 +246,13 @@ def build_fwe(rng_factory: Rng, units: int, length: int, alpha: float = 2.0) -> 
 
 # ---- question answering (qa.py; SQuAD for qa_1, HotpotQA for qa_2) ----
 
-def _qa_pool(dataset: str) -> tuple[list[str], list[dict], list[str]]:
-    """(documents, questions, extra distractor documents past the pool)."""
+def _qa_pool(dataset: str) -> tuple[list[str], list[dict], Callable[[], list[str]]]:
+    """(documents, questions, loader of extra distractor documents past the pool)."""
     if dataset == "squad":
         docs, qas = data.squad_docs_and_qas()
-        return docs, qas, data.hotpot_docs_and_qas()[0]
+        return docs, qas, lambda: data.hotpot_docs_and_qas()[0]
     docs, qas = data.hotpot_docs_and_qas()
-    return docs, qas, []
+    return docs, qas, list
 
 
 def build_qa(dataset: str, pick: random.Random, rng_factory: Rng, units: int) -> Built:
@@ -271,7 +271,8 @@ def build_qa(dataset: str, pick: random.Random, rng_factory: Rng, units: int) ->
         rest = [i for i in range(len(docs)) if i not in taken]
         chosen = [docs[i] for i in own + more + rng.sample(rest, n - len(taken))]
     else:
-        chosen = list(docs) + rng.sample(extra, min(len(extra), n - len(docs)))
+        others = extra()
+        chosen = list(docs) + rng.sample(others, min(len(others), n - len(docs)))
     rng.shuffle(chosen)
     context = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(chosen))
     template = _template("qa", query=qa["query"])

@@ -99,7 +99,7 @@ class Sample:
             o200k_base tokens (a list counts as its items joined by newlines).
         template: the plain-completion prompt of the task (RULER's template and answer
             prefix, with any few-shot example RULER adds) with the literal ``{context}``
-            where the context goes.
+            where the context goes; empty means the context, a blank line and the query.
     """
 
     task: str
@@ -112,7 +112,7 @@ class Sample:
     metric: str
     context_chars: int
     context_tokens: int
-    template: str = field(default="{context}\n\n{query}", repr=False)
+    template: str = field(default="", repr=False)
 
     @property
     def answer_tokens(self) -> int:
@@ -131,7 +131,8 @@ class Sample:
         Raises:
             ConfigError: ``max_tokens`` cannot hold even the template without context.
         """
-        head, tail = self.template.split("{context}", 1)
+        template = self.template or "{context}\n\n" + self.query
+        head, tail = template.split("{context}", 1)
         room = max_tokens - count_tokens(head) - count_tokens(tail) - 2
         if room < 0:
             raise ConfigError(f"max_tokens={max_tokens} cannot hold the {self.task} prompt "
