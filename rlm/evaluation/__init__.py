@@ -1,0 +1,1 @@
+"""Evaluation of depth settings: long-context tasks, sweeps, statistics and reports."""
