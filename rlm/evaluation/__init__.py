@@ -1,0 +1,1 @@
+"""Long-context evaluation: tasks, depth sweeps, and their statistics, tables and plots."""
