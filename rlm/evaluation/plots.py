@@ -43,7 +43,7 @@ def accuracy_vs_length(rows: list[dict], path: Path) -> Figure:
     interval as a shaded band. Saves a PNG at ``path``; returns the Figure.
     """
     with_model = _mixed_models(rows)
-    series = _unique(series_label(r, with_model) for r in rows)
+    series = _series(rows, with_model)
     colours = _colours(series)
     tasks = _unique(r["task"] for r in rows)
     fig, axes = _grid(len(tasks))
@@ -112,7 +112,7 @@ def accuracy_vs_cost(rows: list[dict], path: Path) -> Figure:
     """
     measure, xlabel = _cost_measure(rows)
     with_model = _mixed_models(rows)
-    series = _unique(series_label(r, with_model) for r in rows)
+    series = _series(rows, with_model)
     colours = _colours(series)
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.subplots()
@@ -194,6 +194,14 @@ def _save(fig: Figure, path: Path, series: list[str]) -> None:
 def _colours(labels: list[str]) -> dict[str, tuple]:
     cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def _series(rows: list[dict], with_model: bool) -> list[str]:
+    """Series names, base first, then by depth, profile and model."""
+    def order(r):
+        return (r["method"] != "base", str(r["method"]), r["depth"] if r["depth"] is not None else -1,
+                str(r["profile"] or ""), str(r["model"] or ""))
+    return _unique(series_label(r, with_model) for r in sorted(rows, key=order))
 
 
 def _mixed_models(rows: list[dict]) -> bool:
