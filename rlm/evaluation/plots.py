@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from .report import format_length, series_label
+from .report import format_length, series_label, series_order
 
 #: The PNG text chunk holding ``{"series": [label, ...]}``.
 METADATA_KEY = "Description"
@@ -198,10 +198,7 @@ def _colours(labels: list[str]) -> dict[str, tuple]:
 
 def _series(rows: list[dict], with_model: bool) -> list[str]:
     """Series names, base first, then by depth, profile and model."""
-    def order(r):
-        return (r["method"] != "base", str(r["method"]), r["depth"] if r["depth"] is not None else -1,
-                str(r["profile"] or ""), str(r["model"] or ""))
-    return _unique(series_label(r, with_model) for r in sorted(rows, key=order))
+    return _unique(series_label(r, with_model) for r in sorted(rows, key=series_order))
 
 
 def _mixed_models(rows: list[dict]) -> bool:

@@ -181,14 +181,20 @@ def _row(group: dict, members: list[dict]) -> dict:
     row["max_depth_reached"] = max((m.get("max_depth_reached") or 0 for m in members), default=0)
     row["truncated"] = sum(1 for m in members if m.get("truncated"))
     row["replayed"] = sum(1 for m in members if m.get("replayed"))
-    row["failures"] = dict(sorted(Counter(m["failure"] for m in members if m.get("failure")).items()))
+    kinds = Counter(m["failure"] for m in members if m.get("failure"))
+    row["failures"] = dict(sorted(kinds.items()))
     return row
 
 
-def _sort_key(row: dict) -> tuple:
+def series_order(row: dict) -> tuple:
+    """Sort key of a row's series: base first, then method, depth, profile and model."""
     depth = row["depth"] if row["depth"] is not None else -1
-    return (str(row["task"]), row["length"], row["method"] != "base", str(row["method"]),
-            depth, str(row["profile"] or ""), str(row["model"] or ""))
+    return (row["method"] != "base", str(row["method"]), depth,
+            str(row["profile"] or ""), str(row["model"] or ""))
+
+
+def _sort_key(row: dict) -> tuple:
+    return (str(row["task"]), row["length"], *series_order(row))
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
