@@ -99,8 +99,8 @@ class RLMLoop:
                                        can_recurse=opts.budget.subcalls_allowed,
                                        sub_chars=opts.sub_prompt_chars,
                                        max_output=opts.max_output_chars,
-                                       template=opts.system_template)
-        task = prompts.first_user(self.query)
+                                       template=opts.system_template, profile=opts.prompt)
+        task = prompts.first_user(self.query, opts.prompt)
         if self.check is not None:
             task += "\n\n" + self.check.instructions()
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from harness.budget import Budget
@@ -83,6 +84,7 @@ class Options:
     divergence: str = "stop"
     embedded: bool = False
     system_template: str | None = None
+    prompt: str = "general"
     on_progress: Callable[[str], None] | None = None
     listeners: list | None = None
     # embedding (rlm.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
@@ -226,6 +228,14 @@ def _http_url(v: Any) -> str | None:
 
 def _not_blank(v: Any) -> str | None:
     return None if str(v).strip() else "must not be empty"
+
+
+def _prompt(v: Any) -> str | None:
+    from .prompts import PROFILES
+    if v in PROFILES or Path(str(v)).expanduser().is_file():
+        return None
+    return (f"must be {' or '.join(PROFILES)}, or a template file's path; "
+            f"{str(v)!r} is neither (no such file)")
 
 
 def _patterns(v: Any) -> str | None:
@@ -372,12 +382,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("sub_prompt_chars", None, int, 6000, embedded_default=4000, min=100, max=10_000_000,
            stored=True, doc="prompt size the system prompt tells the model to keep `llm_query` "
                             "under (characters)"),
+    Option("prompt", "--prompt", str, "general", embedded_default="small",
+           metavar="PROFILE", commands=(RUN,), stored=True, check=_prompt,
+           help="system prompt profile: 'small' (a worked lookup program small models copy; "
+                "default on the embedded model), 'general' (a way of working for capable "
+                "hosted models; the default with an endpoint), or a template file's path",
+           doc="system prompt profile: `small` (worked lookup example, for small models), "
+               "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
+               "or a template file with the same `{fields}`",
+           doc_default="`general`; `small` on the embedded model"),
     Option("temperature", None, float, 0.0, stored=True,
            doc="sampling temperature of every model call"),
     Option("max_kernel_restarts", None, int, 3, min=0, max=100, stored=True,
            doc="restarts of one RLM's kernel before that RLM fails"),
     Option("system_template", None, stored=True, doc_default="built-in",
-           doc="system prompt template replacing `rlm.prompts.SYSTEM` (same `{fields}`)"),
+           doc="system prompt template text replacing the `prompt` profile's (same `{fields}`)"),
     Option("on_progress", None, object,
            doc="callable taking one progress line (str); the CLI prints them unless `-q`"),
     Option("listeners", None, list,

@@ -23,6 +23,13 @@ a complete, correct program for the commonest task, a lookup in a long text:
 Sizes are inline literals, never variables the model might replace. Words match at
 a word start with up to two more letters (plurals), so "Dan" does not match "danger".
 A list or dict context is joined into one string first (the ``to_text`` line).
+
+That prompt is the ``small`` profile. The ``general`` profile (:data:`SYSTEM_GENERAL`) is for
+capable hosted models: it describes the tools and a way of working (look at ``context``, search
+it with code, split it and map a question over the pieces with batched sub-calls, combine the
+pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
+of giving one program to copy. :data:`PROFILES` names both; ``--prompt`` picks one (or a
+template file), and ``rlm eval`` measures them side by side.
 """
 from __future__ import annotations
 
@@ -89,6 +96,54 @@ FINAL(answer)
 ```
 In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
 
+#: The ``small`` profile's name for :data:`SYSTEM`.
+SYSTEM_SMALL = SYSTEM
+
+SYSTEM_GENERAL = """You are working on a task whose input is too large to read at once. \
+It is stored in the variable `context` inside a persistent Python REPL (a Jupyter kernel); \
+you see it only through the code you write. Each turn, write Python in ```repl blocks; I run \
+every block and show you what it prints. Variables persist between turns.
+
+About `context`: {meta}
+
+Available in the REPL:
+- `llm_query(prompt)`: a plain completion by another language model; returns a string. It \
+reads about {sub_chars} characters at most, so pass it one piece of `context` plus a precise \
+question, never the whole input.
+- `llm_query_batched(prompts)`: many such completions at once (they run concurrently); returns \
+a list of strings in the same order. Prefer it to a loop of `llm_query` calls.
+{rlm_line}- `FINAL(answer)`: submit the final answer and stop. `FINAL_VAR("name")` submits the \
+value of a variable.
+- `print(...)`: output longer than {max_output} characters is cut, so print summaries, \
+counts and short slices.
+
+How to work:
+1. Look before you plan: print the type and length of `context`, a short slice of its start, \
+and for a list or dict a few items, so you know its structure.
+2. When the answer sits in a few places, find them with code (`re`, `str.find`, counting \
+keywords) and read only small windows around the hits.
+3. When the task needs every part of the input (counting, classifying, collecting, \
+comparing), split `context` into pieces well under the sub-call limit, ask the same precise \
+question of every piece with `llm_query_batched`, and combine the replies in Python (sum, \
+merge, deduplicate, sort). Ask for short, structured replies (a number, a list, JSON) that \
+your code can parse.
+4. A piece that is itself a hard problem can go to `rlm(...)` when it is available.
+5. Keep intermediate results in variables, check them (print counts, spot-check a few \
+items against `context`) and fix mistakes before you answer.
+6. When you are done, call `FINAL(answer)` inside a ```repl block with the answer only, in \
+the form the question asks for. Writing FINAL in plain text does nothing.
+Never print all of `context` and never assign to `context`."""
+
+FIRST_USER_GENERAL = """Task: {query}
+
+Start with a ```repl block that looks at `context`. Do not answer from memory."""
+
+#: The prompt profiles ``--prompt`` names: profile -> (system template, first user message).
+PROFILES = {
+    "small": (SYSTEM_SMALL, None),
+    "general": (SYSTEM_GENERAL, FIRST_USER_GENERAL),
+}
+
 #: The example's line that makes one searchable string of ``context``, by context type.
 TO_TEXT = {
     "str": "text = context",
@@ -146,7 +201,8 @@ def format_meta(meta: dict) -> str:
 
 
 def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
-                  max_output: int = 4000, template: str | None = None) -> str:
+                  max_output: int = 4000, template: str | None = None,
+                  profile: str = "small") -> str:
     """The system prompt for one RLM loop.
 
     Args:
@@ -154,17 +210,24 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
         can_recurse: whether ``rlm(...)`` may be mentioned (max_depth >= 1).
         sub_chars: a safe prompt size for ``llm_query`` (characters).
         max_output: the cell output budget (characters).
-        template: a replacement for :data:`SYSTEM` with the same fields (``meta``,
+        template: a replacement for the profile's template with the same fields (``meta``,
             ``sub_chars``, ``max_output``, ``rlm_line``, ``to_text``; any may be left out).
+        profile: a key of :data:`PROFILES` (``"small"`` or ``"general"``); an unknown name
+            (e.g. a template file's path, already read into ``template``) means ``small``.
     """
-    return (template or SYSTEM).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
+    base = PROFILES.get(profile, PROFILES["small"])[0]
+    return (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
                                        max_output=f"{max_output:,}",
                                        rlm_line=RLM_LINE if can_recurse else "",
                                        to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
 
 
-def first_user(query: str | None) -> str:
-    return FIRST_USER.format(query=query) if query else FIRST_USER_NO_QUERY
+def first_user(query: str | None, profile: str = "small") -> str:
+    """The first user message: the question (worded for ``profile``), or, without one, the
+    instruction to find the task at the start of ``context``."""
+    if not query:
+        return FIRST_USER_NO_QUERY
+    return (PROFILES.get(profile, PROFILES["small"])[1] or FIRST_USER).format(query=query)
 
 
 def cell_feedback(index: int, code_blocks: int, output: str, error: str | None,

@@ -15,6 +15,7 @@ are named here, since they are resolved rather than copied.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from harness.budget import Budget
@@ -70,7 +71,26 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
     for opt in OPTIONS:
         if opt.to_options:
             setattr(opts, opt.name, _value(opt, o, embedded))
+    if opts.system_template is None:
+        opts.system_template = _template_file(opts.prompt)
     return opts
+
+
+def _template_file(prompt: str) -> str | None:
+    """The text of a ``--prompt PATH`` template (None for a profile name). It is kept in the
+    run's record as ``system_template``, so resume and replay do not need the file.
+
+    Raises:
+        ConfigError: the file cannot be read as UTF-8 text.
+    """
+    from .prompts import PROFILES
+    if prompt in PROFILES:
+        return None
+    try:
+        return Path(prompt).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--prompt {prompt}: cannot read the template file ({exc}); give "
+                          f"small, general or a readable UTF-8 file") from None
 
 
 def stored_options(opts: Options, ctx: Any) -> dict:

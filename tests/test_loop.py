@@ -12,7 +12,8 @@ import time
 import pytest
 
 import rlm
-from conftest import Reply, last_user, repl, root_requests, script, sub_requests
+from conftest import (Reply, assert_clean_error, endpoint_args, last_user, repl, root_requests, script,
+                      sub_requests)
 
 
 def feedback_after(srv, turn: int) -> str:
@@ -481,3 +482,59 @@ def test_child_rlm_gets_its_own_kernel_and_context(api):
     assert res.kernels_started == 2 and res.max_level == 1
     child_sys = [r for r in srv.requests if "child question" in r["messages"][1]["content"]][0]
     assert "50 characters" in child_sys["messages"][0]["content"]
+
+
+# --------------------------------------------------------------------------- prompt profiles
+
+def _system_and_task(srv) -> tuple[str, str]:
+    first = srv.requests[0]["messages"]
+    return first[0]["content"], first[1]["content"]
+
+
+def test_the_general_profile_is_the_default_with_an_endpoint(api):
+    from rlm import prompts
+    res, srv = api(script([repl("FINAL('ok')")]), "some text", "what is it?")
+    system, task = _system_and_task(srv)
+    assert res.status == "completed"
+    # a way of working (map with batched sub-calls, check before FINAL), not a program to copy
+    assert "llm_query_batched" in system and "spot-check" in system
+    assert "old lighthouse" not in system
+    assert task == prompts.FIRST_USER_GENERAL.format(query="what is it?")
+
+
+def test_the_small_profile_is_the_worked_lookup_example(api):
+    res, srv = api(script([repl("FINAL('ok')")]), "some text", "what is it?", prompt="small")
+    system, task = _system_and_task(srv)
+    assert "old lighthouse" in system and "text = context" in system
+    assert task.startswith("Question: what is it?")
+
+
+def test_the_embedded_model_defaults_to_the_small_profile():
+    from rlm.options import OPTIONS
+    opt = {o.name: o for o in OPTIONS}["prompt"]
+    assert (opt.default_for(False), opt.default_for(True)) == ("general", "small")
+
+
+def test_a_prompt_file_is_read_once_and_kept_in_the_journal(api, tmp_path, scripted):
+    import rlm
+    tpl = tmp_path / "mine.txt"
+    tpl.write_text("MY PROMPT. Context: {meta}{rlm_line}", encoding="utf-8")
+    journal = tmp_path / "j.sqlite3"
+    res, srv = api(script([repl("FINAL('ok')")]), "some text", "q?", prompt=str(tpl),
+                   journal=str(journal))
+    system, _ = _system_and_task(srv)
+    assert system.startswith("MY PROMPT. Context: it is a string of 9 characters")
+    tpl.unlink()  # replay needs the recorded text, not the file
+    from rlm.api import replay
+    again = replay(res.run_id, journal=str(journal), context="some text")
+    assert again.answer == "ok" and again.replayed_calls == 1
+
+
+def test_a_bad_prompt_profile_is_a_clean_cli_error(cli, scripted, tmp_path):
+    ctx = tmp_path / "c.txt"
+    ctx.write_text("text")
+    srv = scripted(script([repl("FINAL('ok')")]))
+    r = cli("run", "--context", str(ctx), "--query", "q", "--prompt", "tiny",
+            *endpoint_args(srv))
+    assert_clean_error(r, 2, "--prompt", "small or general", "'tiny'")
+    assert srv.count == 0

@@ -300,7 +300,7 @@ def _given(o):
         return int(o.min or 0) + 2
     if o.type is float:
         return 0.5 if o.name == "temperature" else 3.5
-    return {"base_url": "http://h/v1", "system_template": "T {meta}"}.get(o.name, f"v-{o.name}")
+    return {"base_url": "http://h/v1", "system_template": "T {meta}", "prompt": "small"}.get(o.name, f"v-{o.name}")
 
 
 def _record(opts: Options) -> dict:
