@@ -187,6 +187,7 @@ def test_partial_run_of_a_crashed_process_renders(tmp_path, browser):
     code = f"""
 import os
 from harness.journal import Journal
+from harness.journal.encoding import request_hash
 from harness.stages import StageTree, Kind, Status
 j = Journal({str(journal)!r})
 j.create_run("crashed1", query="q?", model="m", max_depth=1, options={{}})
@@ -194,7 +195,12 @@ t = StageTree("crashed1", [j.record_event])
 r = t.new_stage(None, Kind.run, 0); t.transition(r.id, "pending", "running")
 it = t.new_stage(r.id, Kind.iteration, 0); t.transition(it.id, "pending", "running")
 mc = t.new_stage(it.id, Kind.model_call, 0); t.transition(mc.id, "pending", "running")
-t.transition(mc.id, "running", "completed", evidence="```repl\\nwhile True: pass\\n```")
+reply = "```repl\\nwhile True: pass\\n```"
+t.transition(mc.id, "running", "completed", evidence=reply)
+request = {{"model": "m", "messages": [{{"role": "user", "content": "q?"}}], "max_tokens": 8,
+           "temperature": 0.0}}
+j.record_model_call("crashed1", mc.id, request_hash=request_hash(request), request=request,
+                    response={{"text": reply}}, usage=None, attempts=[])  # as a real run does
 c = t.new_stage(it.id, Kind.cell, 0); t.transition(c.id, "pending", "running")
 os._exit(0)
 """
