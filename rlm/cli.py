@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint (needs the serve extra)", formatter_class=fmt)
     from .serve import add_arguments as add_serve_arguments
     add_serve_arguments(sv)
+    from .cli_eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
+    add_eval_parser(sub)
     return parser
 
 
@@ -315,6 +317,11 @@ def _cmd_serve(args) -> int:
     return serve_main(args)
 
 
+def _cmd_eval(args) -> int:
+    from .cli_eval import cmd_eval
+    return cmd_eval(args)
+
+
 def _log_unraisable(info) -> None:
     logging.getLogger("rlm").debug("ignored during teardown: %s: %s (in %r)",
                                    info.exc_type.__name__, info.exc_value, info.object)
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
-                "serve": _cmd_serve}
+                "serve": _cmd_serve, "eval": _cmd_eval}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)
