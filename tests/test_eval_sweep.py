@@ -342,7 +342,7 @@ def ray_head():
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(20)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
         try:

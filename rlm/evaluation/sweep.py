@@ -202,8 +202,11 @@ def run_trial(spec: TrialSpec, *, runner: Any = None, make_sample: MakeSample | 
             runner.close()
     replayed = res is not None and error is None and res.tree is None
     wall = _recorded_wall(spec) if replayed else time.monotonic() - t0
+    # a resumed or recorded run's own usage leaves out the calls served from the journal
+    usage = _journaled_usage(spec) if res is not None and (replayed or res.replayed_calls) \
+        else None
     return trial_record(spec, sample, res, truncated=truncated, wall_s=wall, replayed=replayed,
-                        error=error)
+                        error=error, usage=usage)
 
 
 def _attempt(spec: TrialSpec, sample: Any, runner: Any, cancel: Any) -> tuple:
@@ -238,6 +241,21 @@ def _recorded_wall(spec: TrialSpec) -> float:
     return 0.0
 
 
+def _journaled_usage(spec: TrialSpec) -> dict:
+    """Token and cost totals of the model calls the journal holds for the trial's run
+    (``prompt_tokens``, ``completion_tokens``, ``total_tokens``: tokens; ``cost_usd``: USD):
+    what the run's path cost whichever attempt sent each call. Calls sent by an attempt that
+    was killed before recording them are not in it."""
+    from ..records import open_journal
+    out = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+    for call in open_journal(spec.journal).model_calls(spec.run_id()):
+        u = call.get("usage") or {}
+        for k in out:
+            out[k] += u.get(k) or 0
+    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return out
+
+
 def _outcome(res: Any, error: BaseException | None, score: float) -> tuple[str, str | None]:
     """``(status, failure kind)`` of a trial (see :func:`trial_record`)."""
     if error is not None:
@@ -250,13 +268,16 @@ def _outcome(res: Any, error: BaseException | None, score: float) -> tuple[str, 
 
 
 def trial_record(spec: TrialSpec, sample: Any, res: Any, *, truncated: bool, wall_s: float,
-                 replayed: bool, error: BaseException | None = None) -> dict:
+                 replayed: bool, error: BaseException | None = None,
+                 usage: dict | None = None) -> dict:
     """The JSONL record of one finished trial.
 
     Args:
         spec: the trial; sample: its sample; res: the run's :class:`rlm.Result` (None if an
             error left none); truncated: the base prompt's context was cut; wall_s: seconds;
-        replayed: the whole result came from the journal; error: the error that ended the run.
+        replayed: the whole result came from the journal; error: the error that ended the run;
+        usage: token/cost totals to report instead of ``res.usage`` (a resumed run's, from
+        the journal).
     Returns:
         a dict with ``score`` (``sample.score(answer)`` for a completed run, else 0.0, in
         0..1), ``correct`` (score == 1.0), ``status`` (the run's status, or ``"error"``),
@@ -269,7 +290,7 @@ def trial_record(spec: TrialSpec, sample: Any, res: Any, *, truncated: bool, wal
     completed = error is None and res.status == "completed"
     score = float(sample.score(answer)) if completed else 0.0
     status, failure = _outcome(res, error, score)
-    usage = res.usage if res is not None else {}
+    usage = usage if usage is not None else (res.usage if res is not None else {})
     stages = res.stages if res is not None else {}
     reason = str(error) if error is not None else (res.reason or None)
     return {
@@ -440,14 +461,16 @@ class Sweep:
         todo = [s for s in self.specs if s.key() not in done]
         self.stats["skipped"] = len(self.specs) - len(todo)
         writer = JsonlWriter(self.trials_path)
+        records = self._execute(todo)
         try:
             with _Bar(self.progress, len(self.specs), self.stats["skipped"]) as bar:
-                for rec in self._execute(todo):
+                for rec in records:
                     writer.write(rec)
                     self.stats["run"] += 1
                     self.stats["cost_usd"] += rec.get("cost_usd") or 0.0
                     bar.advance(self.stats["cost_usd"])
         finally:
+            getattr(records, "close", lambda: None)()  # cancels what still runs
             writer.close()
             self.stats["seconds"] = time.monotonic() - t0
         return write_report(self.out)
