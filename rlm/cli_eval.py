@@ -95,6 +95,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="trials at once on this machine, each with its own kernels (default 2)")
     r.add_argument("--max-cost-per-trial", type=float, metavar="USD",
                    help="cost cap of each trial (needs a price for the model)")
+    r.add_argument("--price-file", metavar="PATH", help='JSON prices {"model": {"input": '
+                   'USD/1M, "output": USD/1M}} for the cost cap (default: the built-in table)')
     r.add_argument("--journal", metavar="PATH", help="journal of the trials' runs (default "
                    "RLM_JOURNAL, else ~/.local/share/rlm/journal.sqlite3)")
     r.add_argument("--ray", metavar="ADDRESS", help="run each trial as a task on the Ray "
@@ -181,7 +183,8 @@ def grid_from_args(args):
                 model=model, base_url=base_url, api_key_env=api_var,
                 max_cost_per_trial=args.max_cost_per_trial,
                 journal=str(Path(args.journal).resolve()) if args.journal else None,
-                sample_factory=args.sample_factory, **kw)
+                sample_factory=args.sample_factory,
+                price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)
 
 
 def cmd_eval(args) -> int:

@@ -248,6 +248,29 @@ def test_bad_setup_is_a_clear_error(scripted, tmp_path):
     res = rlm_cli(grid_args(srv, out, journal, 2, "--max-cost-per-trial", "0.5"), env)
     assert_clean_error_cli(res, "price")
     assert srv.requests == []
+    # with a price the cap holds per trial: a call that could cost more is refused, unsent,
+    # and the trial is a budget_exceeded record; under the cap the records carry the cost
+    prices = tmp_path / "prices.json"
+
+    def priced(usd_per_million: float, name: str) -> list[dict]:
+        prices.write_text(json.dumps({MODEL: {"input": usd_per_million,
+                                              "output": usd_per_million}}))
+        res = rlm_cli(grid_args(srv, tmp_path / name, tmp_path / f"{name}.sqlite3", 1,
+                                "--methods", "base", "--max-cost-per-trial", "0.5",
+                                "--price-file", str(prices)), env)
+        assert res.returncode == 0, res.stderr
+        return read_jsonl(tmp_path / name / "trials.jsonl")
+
+    # the output cap alone (1024 tokens) would cost over 1 USD
+    for r in priced(1000.0, "dear"):
+        assert (r["status"], r["failure"], r["score"], r["cost_usd"]) == (
+            "budget_exceeded", "budget_exceeded", 0.0, 0.0), r
+    assert srv.requests == []
+    records = priced(100.0, "cheap")
+    assert len(records) == 2 and len(srv.requests) == 2
+    for r in records:
+        assert r["status"] == "completed"
+        assert r["cost_usd"] == pytest.approx(r["tokens"] * 100.0 / 1e6)
 
 
 def test_sigkill_mid_sweep_then_rerun_pays_no_call_twice(scripted, tmp_path):

@@ -45,7 +45,7 @@ _RUNNERS: dict[tuple, Any] = {}
 
 def _worker_runner(spec: TrialSpec) -> Any:
     """This worker process's :class:`rlm.RLM` for the spec's endpoint (closed at exit)."""
-    key = (spec.base_url, spec.model, spec.api_key_env)
+    key = (spec.base_url, spec.model, spec.api_key_env, spec.price_file)
     if key not in _RUNNERS:
         from ..api import RLM
         if not _RUNNERS:

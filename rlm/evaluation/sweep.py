@@ -71,6 +71,7 @@ class TrialSpec:
         base_window: the model's window (tokens, prompt + output) the ``base`` prompt must fit.
         sample_factory: ``"module:function"`` making samples instead of
             :func:`rlm.evaluation.tasks.make_sample` (your own tasks), or None.
+        price_file: a JSON price table (``rlm run --price-file``) for the cost cap, or None.
 
     Identity (:meth:`key`, :meth:`run_id`): task, length, seed, trial, method, depth, profile and
     model; the rest says where and how the trial runs.
@@ -90,6 +91,7 @@ class TrialSpec:
     journal: str | None = None
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None
+    price_file: str | None = None
 
     def identity(self) -> list:
         """The fields naming the trial: ``[task, length, seed, trial, method, depth, profile,
@@ -112,7 +114,7 @@ class TrialSpec:
         """The :class:`rlm.RLM` keyword options of the trial's endpoint."""
         if self.base_url is None:
             return {"embedded_model": self.model}
-        return {"base_url": self.base_url, "model": self.model,
+        return {"base_url": self.base_url, "model": self.model, "price_file": self.price_file,
                 "api_key": os.environ.get(self.api_key_env) or None}
 
     def base_prompt_tokens(self) -> int:
@@ -324,7 +326,7 @@ class Grid:
         tasks (names), lengths (tokens), methods, depths, profiles: the axes; n: trials per
             cell (sample indices 0..n-1); seed: the samples' seed.
         model, base_url, api_key_env, max_cost_per_trial (USD), journal, base_window (tokens),
-        sample_factory: as in :class:`TrialSpec`.
+        sample_factory, price_file: as in :class:`TrialSpec`.
     """
 
     tasks: list[str]
@@ -341,13 +343,15 @@ class Grid:
     journal: str | None = None
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None
+    price_file: str | None = None
 
     def trials(self) -> list[TrialSpec]:
         """Every trial, shortest lengths first, then by trial index (so early results cover
         every cell), then task and method."""
         common = dict(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
                       max_cost_per_trial=self.max_cost_per_trial, journal=self.journal,
-                      base_window=self.base_window, sample_factory=self.sample_factory)
+                      base_window=self.base_window, sample_factory=self.sample_factory,
+                      price_file=self.price_file)
         variants: list[tuple] = []
         if "base" in self.methods:
             variants.append(("base", None, None))
@@ -359,10 +363,10 @@ class Grid:
 
     def identity(self) -> dict:
         """What ``sweep.json`` compares between runs into one output directory: every field
-        but where the journal is and which variable holds the key."""
+        but where the journal and the price table are and which variable holds the key."""
         d = asdict(self)
-        d.pop("journal")
-        d.pop("api_key_env")
+        for k in ("journal", "api_key_env", "price_file"):
+            d.pop(k)
         return d
 
 
