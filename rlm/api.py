@@ -1,5 +1,6 @@
 """The public Python API, a thin front door: :func:`completion`, :class:`RLM`, :func:`resume`
-and :func:`replay` (results are :class:`~rlm.result.Result`).
+and :func:`replay` (results are :class:`~rlm.result.Result`); :func:`plain_completion` is one
+plain model call journaled as a run (a baseline for benchmarks).
 
 Each call checks its options (:mod:`rlm.options`), loads the context, decides what a known run id
 means (:mod:`harness.replay`) and hands the run to :func:`rlm.drive.drive`.
@@ -104,6 +105,29 @@ class RLM:
             RunActiveError: ``run_id`` names a run that is still running elsewhere.
             ConfigError: bad options.
         """
+        return self._run(context, query, overrides, plain=False)
+
+    def plain_completion(self, prompt: str, **overrides: Any) -> Result:
+        """One plain completion of ``prompt`` (str, sent as the user message; no kernel, no
+        system prompt) as a journaled run: a run record, one ``model_call`` stage under the
+        ``run`` stage, the reply as the answer. A baseline to compare an RLM with.
+
+        Same options as :meth:`completion` (the output cap is ``max_completion_tokens``,
+        tokens); with ``run_id``, a finished run returns its recorded :class:`Result` with no
+        model call, a crashed one is resumed (its call served from the journal if recorded).
+
+        Returns:
+            :class:`Result` (``iterations`` 1, ``answer`` the reply text).
+        Raises:
+            ConfigError: ``prompt`` is not a non-empty str, or bad options. EndpointError,
+            DivergenceError, RunActiveError: as :meth:`completion`.
+        """
+        if not isinstance(prompt, str) or not prompt.strip():
+            from .errors import ConfigError
+            raise ConfigError("a plain completion needs a non-empty str prompt")
+        return self._run(prompt, None, overrides, plain=True)
+
+    def _run(self, context: Any, query: str | None, overrides: dict, *, plain: bool) -> Result:
         check_names(overrides)
         o = normalize_options({**self.options, **overrides})  # answer_schema -> a JSON Schema
         validate_options(o)
@@ -125,7 +149,12 @@ class RLM:
         except BaseException:
             ctx.discard()
             raise
-        return drive(opts, ctx, query, run_id=run_id, recorded=recorded)
+        if not plain:
+            return drive(opts, ctx, query, run_id=run_id, recorded=recorded)
+        try:  # no loop owns the context file: discard it here
+            return drive(opts, ctx, None, run_id=run_id, recorded=recorded, plain=True)
+        finally:
+            ctx.discard()
 
 
 def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: str | None = None,
@@ -148,8 +177,13 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
     ctx = stored_context(rec, context, encoding)
     opts = replay_options(rec)
     opts.on_progress = on_progress
-    res = drive(opts, ctx, rec.get("query") or None, run_id=run_id,
-                recorded=Replay(j, run_id, strict=True), record=False)
+    plain = bool((rec.get("options") or {}).get("plain"))
+    try:
+        res = drive(opts, ctx, rec.get("query") or None, run_id=run_id,
+                    recorded=Replay(j, run_id, strict=True), record=False, plain=plain)
+    finally:
+        if plain:
+            ctx.discard()
     if res.answer != rec.get("answer"):
         raise DivergenceError(f"replay of run {run_id} reached a different answer: "
                               f"{res.answer!r} instead of {rec.get('answer')!r}")
@@ -185,7 +219,18 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
     if enc:
         merged["encoding"] = enc
     with RLM(**merged) as r:
+        if (rec.get("options") or {}).get("plain"):  # one plain completion: its prompt
+            loaded = stored_context(rec, ctx_src, enc)
+            loaded.discard()
+            return r.plain_completion(loaded.read_value())
         return r.completion(ctx_src, rec.get("query") or None)
+
+
+def plain_completion(prompt: str, **options: Any) -> Result:
+    """One plain completion of ``prompt`` as a journaled run (see :meth:`RLM.plain_completion`;
+    same options as :class:`RLM`). An embedded model server started for it is stopped after."""
+    with RLM(**options) as r:
+        return r.plain_completion(prompt)
 
 
 def completion(context: Any, query: str | None = None, **options: Any) -> Result:

@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="verify every run in the journal")
     vf.add_argument("--json", action="store_true")
     add_arguments(vf, "verify")
+
+    from .cli_eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
+    add_eval_parser(sub)
     return parser
 
 
@@ -356,6 +359,11 @@ def _cmd_serve(args) -> int:
     return serve_main(args)
 
 
+def _cmd_eval(args) -> int:
+    from .cli_eval import cmd_eval
+    return cmd_eval(args)
+
+
 def _log_unraisable(info) -> None:
     logging.getLogger("rlm").debug("ignored during teardown: %s: %s (in %r)",
                                    info.exc_type.__name__, info.exc_value, info.object)
@@ -388,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
                 "serve": _cmd_serve, "verify": _cmd_verify}
+
+                "serve": _cmd_serve, "eval": _cmd_eval}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

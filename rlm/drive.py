@@ -19,10 +19,50 @@ from .result import Result, usage_summary
 from .run_tree import RunTree
 
 
+class PlainCall:
+    """The root of a *plain* run: one model call of the context's text as the user message,
+    in a ``model_call`` stage right under the ``run`` stage; no kernel, no loop. It stands where
+    :class:`~rlm.loop.RLMLoop` stands in :func:`drive`, so a plain run is journaled, resumed
+    and replayed like any other (its one call is served from the journal by id and hash).
+
+    Args:
+        run: the :class:`RunTree`; ``stage_id``: the ``run`` stage's id; ``prompt``: the text
+            sent (str); ``model``: the model name. The output cap is the run's
+            ``max_completion_tokens`` (tokens).
+    """
+
+    def __init__(self, run: RunTree, stage_id: str, prompt: str, model: str) -> None:
+        self.run_tree, self.stage_id, self.prompt, self.model = run, stage_id, prompt, model
+        self.iterations = 0
+        self.last_reply: str | None = None
+
+    def partial_answer(self) -> str | None:
+        """The reply, if one came (a budget stop comes before it: then None)."""
+        return self.last_reply
+
+    def run(self):
+        """Send the one call; returns a completed :class:`~rlm.loop.Outcome` with its text.
+
+        Raises:
+            BudgetExceeded, EndpointError, DivergenceError: as :meth:`RunTree.model_call`.
+        """
+        from .loop import Outcome
+        run = self.run_tree
+        self.iterations = 1
+        comp = run.model_call(self.stage_id, 0, [{"role": "user", "content": self.prompt}],
+                              self.model, run.opts.max_completion_tokens)
+        self.last_reply = comp.text
+        run.progress("plain completion: one model call")
+        return Outcome(comp.text, "completed", 1)
+
+
 def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str | None = None,
           recorded: Replay | None = None, client: ModelClient | None = None,
-          record: bool = True) -> Result:
+          record: bool = True, plain: bool = False) -> Result:
     """Drive one run tree to its end and return the :class:`~rlm.result.Result`.
+
+    ``plain=True``: the run is one plain completion of the context's text (a str), sent as the
+    user message (:class:`PlainCall`); the journal's options record says ``"plain": true``.
 
     The journal (``opts.journal``, unless ``record=False``) gets the run record (unless
     resuming: it exists), a heartbeat while it runs, every stage event, model call and cell,
@@ -54,15 +94,19 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     if journal is not None:
         if recorded is None:
             from .run_config import stored_options
+            stored = stored_options(opts, ctx)
+            if plain:
+                stored["plain"] = True
             journal.create_run(run.run_id, query=query or "", model=opts.model,
                                sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
-                               options=stored_options(opts, ctx))
+                               options=stored)
         heartbeat = journal.start_heartbeat(run.run_id)
     status, answer, reason, cap, raised = "failed", None, "", None, None
     root = None
     try:
         with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
-            root = RLMLoop(run, scope.id, 0, ctx, query, opts.model)
+            root = (PlainCall(run, scope.id, ctx.read_value(), opts.model) if plain
+                    else RLMLoop(run, scope.id, 0, ctx, query, opts.model))
             out = run.run_bounded(root.run)
             answer, status, reason = out.answer, out.status, out.reason
             scope.evidence = answer

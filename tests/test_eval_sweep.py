@@ -1,0 +1,399 @@
+"""``rlm eval``'s sweep (rlm/evaluation/sweep.py, ray_runner.py, rlm/cli_eval.py) against the
+scripted OpenAI-protocol server on 127.0.0.1, with real kernels and real SQLite journals.
+
+The trials use the tiny tasks of this module (``--sample-factory test_eval_sweep:make_sample``,
+the documented hook for one's own tasks), so the expected answers are known exactly:
+
+* ``easy``: every method answers right.
+* ``hard``: the base call and the depth-0 RLM answer wrong; the depth-1 RLM gets the answer
+  from one ``llm_query`` (at depth 0 the call is refused and its code falls back to a guess).
+
+Also here: the base method as a journaled plain completion (a second call is served from the
+journal), a SIGKILL mid-sweep then a rerun (no finished trial runs twice, the server sees no
+journaled call twice, the interrupted trial resumes from the journal), a trial finished in the
+journal but missing from the JSONL (served with no call), grid checks, and a sweep on a real
+Ray head started on 127.0.0.1 giving the same results as the local run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import API_KEY, MODEL, REPO, TESTS, assert_clean_error, clean_env, endpoint_args
+
+FACTORY = "test_eval_sweep:make_sample"
+TASKS = ("easy", "hard")
+
+
+# --------------------------------------------------------------------------- the tiny tasks
+
+
+@dataclass(frozen=True)
+class TinySample:
+    """A sample with the fields and methods of rlm.evaluation.tasks.Sample."""
+
+    task: str
+    length: int
+    seed: int
+    index: int
+    context: str
+    query: str
+    expected: list
+    metric: str = "exact"
+    context_chars: int = 0
+    context_tokens: int = 0
+
+    def base_prompt(self, max_tokens: int) -> tuple[str, bool]:
+        return f"BASE {self.query}\n{self.context}", self.task == "hard"
+
+    def score(self, answer: str | None) -> float:
+        return 1.0 if (answer or "").strip() == self.expected[0] else 0.0
+
+
+def make_sample(task: str, length: int, seed: int, index: int) -> TinySample:
+    answer = f"{task}-{seed}-{index}"
+    ctx = f"filler text. the code of {task} #{index} is {answer}. more filler."
+    return TinySample(task, length, seed, index, ctx, f"Q[{task}#{index}#{seed}] what is the code?",
+                      [answer], context_chars=len(ctx), context_tokens=len(ctx) // 4)
+
+
+def repl(*lines: str) -> str:
+    return "```repl\n" + "\n".join(lines) + "\n```"
+
+
+def responder(req: dict) -> str:
+    """Answers by what the request carries, so concurrent trials get their own replies."""
+    msgs = req.get("messages") or []
+    text = "\n".join(str(m.get("content") or "") for m in msgs)
+    task, index, seed = re.search(r"(?:Q|SUB)\[(\w+)#(\d+)#(\d+)\]", text).groups()
+    answer = f"{task}-{seed}-{index}"
+    if msgs and msgs[0].get("role") == "system":  # an RLM's root turn
+        if task == "easy":
+            return repl(f"FINAL({answer!r})")
+        return repl("try:", f"    a = llm_query('SUB[{task}#{index}#{seed}]')", "except Exception:",
+                    "    a = 'guess'", "FINAL(a)")
+    if text.startswith("SUB["):
+        return answer
+    return answer if task == "easy" else "no idea"  # the base call
+
+
+#: (task, method, depth) -> (correct, subcalls, max_depth_reached) of every trial of the cell
+EXPECTED = {("easy", "base", None): (True, 0, 0), ("easy", "rlm", 0): (True, 0, 0),
+            ("easy", "rlm", 1): (True, 0, 0), ("hard", "base", None): (False, 0, 0),
+            ("hard", "rlm", 0): (False, 0, 0), ("hard", "rlm", 1): (True, 1, 1)}
+
+
+def grid_args(srv, out: Path, journal: Path, n: int = 2, *extra: str) -> list[str]:
+    return ["eval", "--sample-factory", FACTORY, "--tasks", ",".join(TASKS),
+            "--lengths", "1k", "--methods", "base,rlm", "--depths", "0,1", "--prompt", "small",
+            "--n", str(n), "--out", str(out), "--journal", str(journal), "-q",
+            *endpoint_args(srv), *extra]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_records(records: list[dict], n: int) -> None:
+    """Exactly the grid's trials, each once, with the known outcome."""
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) == n * len(TASKS) * 3, keys
+    for r in records:
+        correct, subcalls, reached = EXPECTED[(r["task"], r["method"], r["depth"])]
+        want = f"{r['task']}-0-{r['trial']}"
+        assert r["expected"] == [want]
+        assert r["correct"] is correct and r["score"] == (1.0 if correct else 0.0), r
+        assert r["status"] == "completed" and r["failure"] == (None if correct else "wrong"), r
+        assert r["subcalls"] == subcalls and r["max_depth_reached"] == reached, r
+        assert r["answer"] == (want if correct else "guess" if r["method"] == "rlm"
+                               else "no idea"), r
+        assert r["truncated"] is (r["method"] == "base" and r["task"] == "hard")
+        assert r["profile"] == (None if r["method"] == "base" else "small")
+        assert r["model"] == MODEL and r["run_id"].startswith("eval-") and r["tokens"] > 0
+        assert r["prompt_tokens"] + r["completion_tokens"] == r["tokens"]
+
+
+def env_with_factory(journal: Path | None = None) -> dict:
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
+    if journal is not None:
+        env["RLM_JOURNAL"] = str(journal)
+    return env
+
+
+def rlm_cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlm", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- run ids, base
+
+
+def test_run_ids_are_stable_hashes_of_the_identity():
+    from rlm.evaluation.sweep import Grid, TrialSpec
+    a = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://x/v1")
+    b = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://y/v1",
+                  journal="/tmp/j", max_cost_per_trial=1.0)
+    assert a.run_id() == b.run_id() == "eval-" + __import__("hashlib").sha256(
+        b'["cwe",8192,0,3,"rlm",1,"small","m"]').hexdigest()[:20]
+    assert a.key() == "cwe|8192|0|3|rlm|1|small|m"
+    others = [TrialSpec("cwe", 8192, 0, 3, "rlm", 2, "small", "m"),
+              TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "general", "m"),
+              TrialSpec("cwe", 8192, 1, 3, "rlm", 1, "small", "m"),
+              TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m2")]
+    assert len({a.run_id(), *(o.run_id() for o in others)}) == 5
+    specs = Grid(tasks=["t"], lengths=[1024], depths=[0, 1], profiles=["small", "general"],
+                 n=2).trials()
+    # base once per sample, rlm per depth per profile
+    assert [(s.method, s.depth, s.profile) for s in specs[:5]] == [
+        ("base", None, None), ("rlm", 0, "small"), ("rlm", 1, "small"), ("rlm", 0, "general"),
+        ("rlm", 1, "general")]
+    assert len(specs) == 10 and {s.trial for s in specs} == {0, 1}
+
+
+def test_base_is_a_journaled_plain_completion_served_again_from_the_journal(scripted, tmp_path,
+                                                                          monkeypatch):
+    from rlm.evaluation.sweep import TrialSpec, run_trial
+    srv = scripted(responder)
+    journal = tmp_path / "j.sqlite3"
+    monkeypatch.setenv("RLM_EVAL_TEST_KEY", API_KEY)
+    spec = TrialSpec("easy", 1024, 0, 0, "base", None, None, MODEL, base_url=srv.base_url,
+                     api_key_env="RLM_EVAL_TEST_KEY", journal=str(journal), base_window=4096)
+    first = run_trial(spec, make_sample=make_sample)
+    assert first["correct"] and not first["replayed"] and len(srv.requests) == 1
+    # the call is one user message (no system prompt), the prompt cut to the window
+    assert srv.requests[0]["messages"] == [{"role": "user", "content": make_sample(
+        "easy", 1024, 0, 0).base_prompt(0)[0]}]
+    again = run_trial(spec, make_sample=make_sample)
+    assert again["replayed"] and len(srv.requests) == 1
+    assert {k: v for k, v in again.items() if k not in ("wall_s", "replayed")} == {
+        k: v for k, v in first.items() if k not in ("wall_s", "replayed")}
+    with sqlite3.connect(journal) as db:
+        stages = db.execute("SELECT stage_id, kind, status FROM stages WHERE run_id = ?",
+                            (spec.run_id(),)).fetchall()
+        opts = json.loads(db.execute("SELECT options FROM runs WHERE run_id = ?",
+                                     (spec.run_id(),)).fetchone()[0])
+    assert sorted(stages) == [("run", "run", "completed"),
+                              ("run/model_call-0", "model_call", "completed")]
+    assert opts["plain"] is True
+    assert spec.base_prompt_tokens() == int((4096 - 1024) * 0.9)
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def test_small_sweep_gives_the_expected_records(scripted, tmp_path):
+    srv = scripted(responder)
+    out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
+    res = rlm_cli(grid_args(srv, out, journal) + ["--concurrency", "3"], env_with_factory())
+    assert res.returncode == 0, res.stderr
+    records = read_jsonl(out / "trials.jsonl")
+    check_records(records, n=2)
+    assert not any(r["replayed"] for r in records)
+    assert json.loads((out / "sweep.json").read_text())["grid"]["tasks"] == list(TASKS)
+    calls = len(srv.requests)
+    assert calls == 2 * (3 + 4)  # easy: one call per method; hard: base, d0, d1 (root + sub)
+    # run again: every trial is skipped, nothing is sent
+    again = rlm_cli(grid_args(srv, out, journal), env_with_factory())
+    assert again.returncode == 0, again.stderr
+    assert len(srv.requests) == calls and read_jsonl(out / "trials.jsonl") == records
+    # a trial finished in the journal but missing from the JSONL is served from the journal
+    lines = (out / "trials.jsonl").read_text().splitlines(keepends=True)
+    dropped = json.loads(lines[3])
+    (out / "trials.jsonl").write_text("".join(lines[:3] + lines[4:]) + lines[3][:20])  # torn
+    again = rlm_cli(grid_args(srv, out, journal), env_with_factory())
+    assert again.returncode == 0, again.stderr
+    assert len(srv.requests) == calls
+    after = read_jsonl(out / "trials.jsonl")
+    check_records(after, n=2)
+    served = [r for r in after if r["key"] == dropped["key"]]
+    assert served[0]["replayed"] and served[0]["answer"] == dropped["answer"]
+    # another grid into the same directory: refused without --force, added with it
+    other = rlm_cli(grid_args(srv, out, journal, 3), env_with_factory())
+    assert_clean_error_cli(other, "another grid", "--force")
+    forced = rlm_cli(grid_args(srv, out, journal, 3, "--force"), env_with_factory())
+    assert forced.returncode == 0, forced.stderr
+    check_records(read_jsonl(out / "trials.jsonl"), n=3)
+    assert len(json.loads((out / "sweep.json").read_text())["earlier"]) == 1
+
+
+def assert_clean_error_cli(res: subprocess.CompletedProcess, *needles: str) -> None:
+    from conftest import CLIResult
+    assert_clean_error(CLIResult(res.returncode, res.stdout, res.stderr, 0.0), 2, *needles)
+
+
+def test_bad_setup_is_a_clear_error(scripted, tmp_path):
+    srv = scripted(responder)
+    env = env_with_factory()
+    out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
+    assert_clean_error_cli(rlm_cli(grid_args(srv, out, journal, 2, "--methods", "base,magic"),
+                                   env), "--methods")
+    assert_clean_error_cli(rlm_cli(grid_args(srv, out, journal, 2, "--depths", "0,x"), env),
+                           "--depths")
+    assert_clean_error_cli(rlm_cli(["eval", "--report", str(tmp_path / "none")], env),
+                           "trials.jsonl")
+    # a cost cap without a price for the model stops the sweep before any call
+    res = rlm_cli(grid_args(srv, out, journal, 2, "--max-cost-per-trial", "0.5"), env)
+    assert_clean_error_cli(res, "price")
+    assert srv.requests == []
+    # with a price the cap holds per trial: a call that could cost more is refused, unsent,
+    # and the trial is a budget_exceeded record; under the cap the records carry the cost
+    prices = tmp_path / "prices.json"
+
+    def priced(usd_per_million: float, name: str) -> list[dict]:
+        prices.write_text(json.dumps({MODEL: {"input": usd_per_million,
+                                              "output": usd_per_million}}))
+        res = rlm_cli(grid_args(srv, tmp_path / name, tmp_path / f"{name}.sqlite3", 1,
+                                "--methods", "base", "--max-cost-per-trial", "0.5",
+                                "--price-file", str(prices)), env)
+        assert res.returncode == 0, res.stderr
+        return read_jsonl(tmp_path / name / "trials.jsonl")
+
+    # the output cap alone (1024 tokens) would cost over 1 USD
+    for r in priced(1000.0, "dear"):
+        assert (r["status"], r["failure"], r["score"], r["cost_usd"]) == (
+            "budget_exceeded", "budget_exceeded", 0.0, 0.0), r
+    assert srv.requests == []
+    records = priced(100.0, "cheap")
+    assert len(records) == 2 and len(srv.requests) == 2
+    for r in records:
+        assert r["status"] == "completed"
+        assert r["cost_usd"] == pytest.approx(r["tokens"] * 100.0 / 1e6)
+
+
+def test_sigkill_mid_sweep_then_rerun_pays_no_call_twice(scripted, tmp_path):
+    from scripted_server import Reply
+    srv = scripted(lambda req: Reply(content=responder(req), delay=0.4))
+    out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
+    args = grid_args(srv, out, journal, 3) + ["--concurrency", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "rlm", *args], env=env_with_factory(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _wait_for_mid_trial(proc, out / "trials.jsonl", journal, min_lines=2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finished = {r["key"]: r for r in read_jsonl(out / "trials.jsonl")}
+    assert 2 <= len(finished) < 18
+    with sqlite3.connect(journal) as db:
+        journaled = {f"{r}/{c}" for r, c in db.execute("SELECT run_id, call_id FROM model_calls")}
+        cut = {r for (r,) in db.execute(  # killed mid-run with a call recorded
+            "SELECT DISTINCT r.run_id FROM runs r JOIN model_calls c ON c.run_id = r.run_id "
+            "WHERE r.status = 'running'")}
+    assert cut
+    seen_before = len(srv.call_ids)
+
+    res = rlm_cli(args, env_with_factory())
+    assert res.returncode == 0, res.stderr
+    records = read_jsonl(out / "trials.jsonl")
+    check_records(records, n=3)
+    by_key = {r["key"]: r for r in records}
+    for key, rec in finished.items():  # no finished trial ran twice
+        assert by_key[key] == rec
+    sent_after = [c for c in srv.call_ids[seen_before:]]
+    assert not set(sent_after) & journaled  # no journaled call was sent again
+    finished_runs = {r["run_id"] for r in finished.values()}
+    assert not {c.split("/")[0] for c in sent_after} & finished_runs
+    # the trials killed mid-run were resumed: their recorded calls were served from the journal
+    for rec in (r for r in records if r["run_id"] in cut):
+        assert rec["replayed_calls"] >= 1 and not rec["replayed"], rec
+    assert len(sent_after) == len(set(sent_after))
+
+
+def _wait_for_mid_trial(proc, jsonl: Path, journal: Path, min_lines: int,
+                        timeout: float = 90) -> None:
+    """Wait until ``min_lines`` trials are in the JSONL and some run in the journal is
+    running with a model call recorded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        lines = jsonl.read_text().count("\n") if jsonl.exists() else 0
+        if lines >= min_lines and journal.exists():
+            try:
+                with sqlite3.connect(journal, timeout=5) as db:
+                    row = db.execute(
+                        "SELECT r.run_id FROM runs r JOIN model_calls c ON c.run_id = r.run_id "
+                        "WHERE r.status = 'running' LIMIT 1").fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            if row:
+                return
+        time.sleep(0.03)
+    raise AssertionError("the sweep never had a trial mid-run with a recorded call")
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def ray_head():
+    """A real Ray head on 127.0.0.1 (``ray start --head --block`` in its own process group,
+    killed in teardown); yields its address."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'rlm-kernels[ray]')")
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's unix socket paths
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+           f"--port={port}", "--include-dashboard=false", "--num-cpus=2",
+           f"--temp-dir={temp}", "--disable-usage-stats",
+           f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
+           f"--dashboard-agent-listen-port={_free_port()}",
+           f"--object-store-memory={100 * 1024 * 1024}"]
+    env = env_with_factory()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+def test_ray_sweep_gives_the_local_results(scripted, tmp_path, ray_head):
+    srv = scripted(responder)
+    local = rlm_cli(grid_args(srv, tmp_path / "local", tmp_path / "local.sqlite3"),
+                    env_with_factory())
+    assert local.returncode == 0, local.stderr
+    calls_local = len(srv.requests)
+    on_ray = rlm_cli(grid_args(srv, tmp_path / "ray", tmp_path / "ray.sqlite3")
+                     + ["--ray", ray_head], env_with_factory(), timeout=240)
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert len(srv.requests) == 2 * calls_local  # the Ray run really ran every trial
+
+    def comparable(path: Path) -> dict:
+        skip = {"wall_s"}
+        return {r["key"]: {k: v for k, v in r.items() if k not in skip} for r in read_jsonl(path)}
+
+    a = comparable(tmp_path / "local" / "trials.jsonl")
+    b = comparable(tmp_path / "ray" / "trials.jsonl")
+    check_records(list(b.values()), n=2)
+    assert a == b
