@@ -395,9 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
-                "serve": _cmd_serve, "verify": _cmd_verify}
-
-                "serve": _cmd_serve, "eval": _cmd_eval}
+                "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval}
     from .cli_views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

@@ -461,7 +461,8 @@ class Sweep:
         self._check_grid()
         _cut_torn_tail(self.trials_path)
         from .report import read_trials, write_report
-        done = {r.get("key") for r in read_trials(self.trials_path)}
+        done = ({r.get("key") for r in read_trials(self.trials_path)}
+                if self.trials_path.is_file() else set())
         todo = [s for s in self.specs if s.key() not in done]
         self.stats["skipped"] = len(self.specs) - len(todo)
         writer = JsonlWriter(self.trials_path)
