@@ -346,6 +346,16 @@ def _free_port() -> int:
     return port
 
 
+def _wait_for_head(proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> None:
+    """Until the head says it is up: a driver connecting earlier can hang on a half-started
+    cluster (seen: 'Failed to connect to the observability pubsub')."""
+    deadline = time.monotonic() + timeout
+    while b"Ray runtime started" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Ray head did not start:\n" + log.read_text(errors="replace"))
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def ray_head():
     """A real Ray head on 127.0.0.1 (``ray start --head --block`` in its own process group,
@@ -357,18 +367,23 @@ def ray_head():
     cmd = [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
            f"--port={port}", "--include-dashboard=false", "--num-cpus=2",
            f"--temp-dir={temp}", "--disable-usage-stats",
-           f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
+           f"--dashboard-port={_free_port()}",
            f"--dashboard-agent-listen-port={_free_port()}",
            f"--object-store-memory={100 * 1024 * 1024}"]
     env = env_with_factory()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = Path(temp) / "head.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
+        _wait_for_head(proc, log)
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
         try:
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(5)
+        except ProcessLookupError:
+            pass
         except subprocess.TimeoutExpired:
             pass
         try:
