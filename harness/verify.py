@@ -109,7 +109,8 @@ def verify_run(journal: Any, run_id: str) -> Verdict:
     latest = _check_transitions(event_rows, stage_rows, out)
     calls = {c["call_id"]: c for c in map(call_record, call_rows)}
     cells = [cell_record(r) for r in cell_rows]
-    _check_evidence(latest, calls, cells, out)
+    plain = bool(run is not None and (loads(run[4]) or {}).get("plain"))
+    _check_evidence(latest, calls, cells, out, plain=plain)
     if run is not None:
         _check_usage_and_caps(run, latest, calls, out)
     return verdict
@@ -180,7 +181,10 @@ def _check_transitions(rows: list[tuple], stage_rows: list[tuple], out: list) ->
     return {sid: (seq, stage) for sid, (seq, _ts, stage) in latest.items()}
 
 
-def _check_evidence(latest: dict, calls: dict, cells: list[dict], out: list) -> None:
+def _check_evidence(latest: dict, calls: dict, cells: list[dict], out: list,
+                    plain: bool = False) -> None:
+    """Every completed stage has its evidence. ``plain``: a plain-completion run (``rlm eval``'s
+    base method, no kernel), whose answer is its one model call's reply, not a FINAL cell's."""
     cell_ids = {c["stage_id"] for c in cells}
     finals: set[str] = set()
     for _s, st in latest.values():
@@ -214,6 +218,12 @@ def _check_evidence(latest: dict, calls: dict, cells: list[dict], out: list) -> 
                 out.append(Violation("evidence", seq, f"cell {sid} has no recorded cell"))
         elif kind in _ANSWER_KINDS and ev is None:
             out.append(Violation("evidence", seq, f"{kind} {sid} completed without its answer"))
+        elif kind == "run" and plain:
+            replies = {str(m["evidence"]) for _s, m in latest.values()
+                       if m.get("kind") == "model_call" and m.get("status") == "completed"}
+            if ev is None or str(ev) not in replies:
+                out.append(Violation("evidence", seq, f"plain run {sid} completed with an "
+                                     f"answer no completed model call replied"))
         elif kind == "run" and (ev is None or str(ev) not in finals):
             out.append(Violation("evidence", seq, f"run {sid} completed with an answer no "
                                  f"executed FINAL cell set"))
