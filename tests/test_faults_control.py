@@ -606,26 +606,34 @@ def test_kind13_calibrated_accountant_randomized():
         cap_tokens, cap_cost = rng.randint(20_000, 60_000), rng.uniform(0.02, 0.08)
         a = Accountant(Budget(max_tokens=cap_tokens, max_cost_usd=cap_cost), table,
                        calibrate=True)
-        probed: dict[str, threading.Event] = {}
-        plock = threading.Lock()
+        probing: set[str] = set()
+        cv = threading.Condition()
         barrier = threading.Barrier(32)
+
+        def turn(model: str) -> bool:
+            """As RunTree._calibration_turn: until a call of ``model`` settled, its calls go
+            one at a time (a refused first call hands the turn to the next); True: the probe."""
+            with cv:
+                while not a.calibrated(model):
+                    if model not in probing:
+                        probing.add(model)
+                        return True
+                    cv.wait()
+                return False
 
         def worker(seed: int) -> None:
             r = random.Random(seed)
             barrier.wait()
             for _ in range(40):
                 model = r.choice("ab")
-                # a run sends a model's first call alone (RunTree._calibration_turn)
-                with plock:
-                    first = model not in probed
-                    if first:
-                        probed[model] = threading.Event()
-                if first:
+                probe = turn(model)
+                try:
                     one(r, model)
-                    probed[model].set()
-                else:
-                    probed[model].wait()
-                    one(r, model)
+                finally:
+                    if probe:
+                        with cv:
+                            probing.discard(model)
+                            cv.notify_all()
 
         def one(r, model) -> None:
             est, out = r.randint(50, 800), r.randint(10, 300)
