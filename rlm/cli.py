@@ -271,7 +271,7 @@ def _cmd_replay(args) -> int:
 
 def _journal(args):
     from .records import open_journal
-    return open_journal(args.journal or None)
+    return open_journal(args.journal or None, must_exist=True)
 
 
 def _cmd_show(args) -> int:

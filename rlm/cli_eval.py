@@ -95,9 +95,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="trials at once on this machine, each with its own kernels (default 2)")
     r.add_argument("--max-cost-per-trial", type=float, metavar="USD",
                    help="cost cap of each trial (needs a price for the model)")
-    r.add_argument("--price-file", metavar="PATH", help='JSON prices {"model": {"input": '
+    r.add_argument("--price-file", metavar="PATH|URL", help='JSON prices {"model": {"input": '
                    'USD/1M, "output": USD/1M}} for the cost cap (default: the built-in table)')
-    r.add_argument("--journal", metavar="PATH", help="journal of the trials' runs (default "
+    r.add_argument("--journal", metavar="PATH|URL", help="journal of the trials' runs (default "
                    "RLM_JOURNAL, else ~/.local/share/rlm/journal.sqlite3)")
     r.add_argument("--ray", metavar="ADDRESS", help="run each trial as a task on the Ray "
                    "cluster at ADDRESS (needs the ray extra)")
@@ -150,6 +150,9 @@ def _profiles(text: str | None, embedded: bool) -> list[str]:
         if p not in PROFILES and not Path(p).is_file():
             raise ConfigError(f"--prompt {p!r} is neither a profile ({', '.join(PROFILES)}) "
                               "nor a prompt file")
+        if p not in PROFILES:  # a template file: checked before any trial runs
+            from .run_config import _check_template, _template_file
+            _check_template(_template_file(p) or "", p)
     return [p if p in PROFILES else str(Path(p).resolve()) for p in out]
 
 
@@ -166,6 +169,9 @@ def grid_from_args(args):
     if not tasks:
         raise ConfigError("--tasks names no task")
     lengths = sorted({parse_length(x) for x in _csv(args.lengths)})
+    if not lengths:
+        raise ConfigError(f"--lengths needs at least one length (8k, 32000, ...), got "
+                          f"{args.lengths!r}")
     methods = _csv(args.methods)
     if not methods or any(m not in METHODS for m in methods):
         raise ConfigError(f"--methods must be among {', '.join(METHODS)}, got {args.methods!r}")
@@ -173,6 +179,8 @@ def grid_from_args(args):
         raise ConfigError(f"--n must be >= 1, got {args.n}")
     if args.max_cost_per_trial is not None and not args.max_cost_per_trial > 0:
         raise ConfigError(f"--max-cost-per-trial must be > 0, got {args.max_cost_per_trial}")
+    if args.base_window is not None and args.base_window <= 2048:
+        raise ConfigError(f"--base-window must be > 2048 tokens, got {args.base_window}")
     window = args.base_window or (embedded_window(model) if base_url is None else None)
     if window is not None and window <= 2048:
         raise ConfigError(f"--base-window must be > 2048 tokens, got {window}")
@@ -182,9 +190,18 @@ def grid_from_args(args):
                 profiles=_profiles(args.prompt, base_url is None), n=args.n, seed=args.seed,
                 model=model, base_url=base_url, api_key_env=api_var,
                 max_cost_per_trial=args.max_cost_per_trial,
-                journal=str(Path(args.journal).resolve()) if args.journal else None,
+                journal=_journal_spec(args.journal),
                 sample_factory=args.sample_factory,
                 price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)
+
+
+def _journal_spec(value: str | None) -> str | None:
+    """``--journal``: a ``postgresql://`` URL as given, a file path made absolute (Ray workers
+    and later reruns may start elsewhere)."""
+    if not value:
+        return None
+    from harness.journal.pg_store import is_postgres_url
+    return value if is_postgres_url(value) else str(Path(value).resolve())
 
 
 def cmd_eval(args) -> int:
@@ -195,6 +212,9 @@ def cmd_eval(args) -> int:
         raise ConfigError("rlm eval needs --out DIR (or --report DIR to rebuild a report)")
     from .evaluation.sweep import Sweep
     grid = grid_from_args(args)
+    if args.ray:
+        from .evaluation.ray_runner import reachable
+        reachable(args.ray)  # before anything is written
     sweep = Sweep(grid, Path(args.out), concurrency=args.concurrency, ray_address=args.ray,
                   force=args.force, progress=not args.quiet)
     try:
@@ -211,6 +231,12 @@ def cmd_eval(args) -> int:
               f"done), ${s['cost_usd']:.4f} spent, {s['seconds']:.1f} s", file=sys.stderr)
     for name, path in files.items():
         print(f"{name}\t{path}")
+    if s["run"] and s.get("endpoint_errors", 0) == s["run"]:
+        print(f"rlm: error: every trial run now ({s['run']}) failed on the model endpoint; check "
+              "--base-url/--model/--api-key. Their records say EndpointError: delete those lines "
+              f"from {sweep.trials_path} to run them again (journaled calls are not re-sent)",
+              file=sys.stderr)
+        return 3
     return 0
 
 

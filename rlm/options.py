@@ -389,7 +389,8 @@ OPTIONS: tuple[Option, ...] = (
                 "hosted models; the default with an endpoint), or a template file's path",
            doc="system prompt profile: `small` (worked lookup example, for small models), "
                "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
-               "or a template file with the same `{fields}`",
+               "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
+               "`{rlm_line}`, `{to_text}` (`{{`/`}}` for braces)",
            doc_default="`general`; `small` on the embedded model"),
     Option("temperature", None, float, 0.0, stored=True,
            doc="sampling temperature of every model call"),

@@ -222,6 +222,26 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
                                        to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
 
 
+#: The fields a system prompt template may use (``{meta}`` ...; ``{{``/``}}`` for braces).
+TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "to_text")
+
+
+def check_template(template: str) -> str | None:
+    """None if ``template`` formats with :data:`TEMPLATE_FIELDS`, else what is wrong (str)."""
+    if not template.strip():
+        return "the template is empty"
+    try:
+        template.format(**{f: "" for f in TEMPLATE_FIELDS})
+    except KeyError as exc:
+        return (f"the template names the unknown field {{{exc.args[0]}}}; the fields are "
+                f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ and }}}} for "
+                "literal braces)")
+    except (ValueError, IndexError, AttributeError) as exc:
+        return (f"the template is not a valid format string ({exc}); write {{{{ and }}}} for "
+                "literal braces")
+    return None
+
+
 def first_user(query: str | None, profile: str = "small") -> str:
     """The first user message: the question (worded for ``profile``), or, without one, the
     instruction to find the task at the start of ``context``."""

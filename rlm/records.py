@@ -2,6 +2,7 @@
 and the recorded pieces a resume or replay needs (the run record, its context)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,15 @@ from .context import LoadedContext, load_context
 from .errors import ConfigError
 
 
-def open_journal(spec: Any = None):
+def open_journal(spec: Any = None, must_exist: bool = False):
     """Open the journal ``spec`` names.
 
     Args:
-        spec: a path (str | Path); ``None``/``True`` for the default (``$RLM_JOURNAL``, else
-            ``~/.local/share/rlm/journal.sqlite3``); ``False`` for no journal.
+        spec: a path (str | Path) or a ``postgresql://`` URL; ``None``/``True`` for the default
+            (``$RLM_JOURNAL``, else ``~/.local/share/rlm/journal.sqlite3``); ``False`` for none.
+        must_exist: for commands that only read (``runs``, ``show``, ``verify``...): a journal
+            file named by ``spec`` or ``$RLM_JOURNAL`` must exist (a typo would otherwise
+            create an empty journal there and report it clean).
     Returns:
         a :class:`harness.journal.Journal`, or None when ``spec`` is False.
     Raises:
@@ -25,6 +29,11 @@ def open_journal(spec: Any = None):
     if spec is False:
         return None
     from harness.journal import Journal, JournalError
+    named = spec if spec not in (None, True) else os.environ.get("RLM_JOURNAL") or None
+    if must_exist and named is not None and "://" not in str(named) \
+            and not Path(named).expanduser().exists():
+        raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
+                          "creates it")
     try:
         return Journal(spec if spec not in (None, True) else None)
     except JournalError as exc:

@@ -73,7 +73,23 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
             setattr(opts, opt.name, _value(opt, o, embedded))
     if opts.system_template is None:
         opts.system_template = _template_file(opts.prompt)
+    if opts.system_template is not None:
+        _check_template(opts.system_template, opts.prompt)
     return opts
+
+
+def _check_template(template: str, prompt: str) -> None:
+    """A system prompt template must format with the fields :func:`rlm.prompts.system_prompt`
+    gives (``meta``, ``sub_chars``, ``max_output``, ``rlm_line``, ``to_text``).
+
+    Raises:
+        ConfigError: it is empty, names another field, or is not a valid format string.
+    """
+    from .prompts import check_template
+    problem = check_template(template)
+    if problem:
+        where = f"--prompt {prompt}" if os.path.exists(prompt) else "system_template"
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _template_file(prompt: str) -> str | None:

@@ -223,6 +223,12 @@ def test_replay_works_with_the_endpoint_gone(cli, scripted, ctx_file):
 
 
 def test_show_unknown_run_exits_2(cli):
+    # no journal yet at the given path: said so, and none is created by a read-only command
+    res = cli("show", "no-such-run")
+    assert_clean_error(res, 2, "no journal at", str(cli.journal))
+    assert not cli.journal.exists()
+    from harness.journal import Journal
+    Journal(cli.journal).close()
     res = cli("show", "no-such-run")
     assert_clean_error(res, 2, "no-such-run")
 

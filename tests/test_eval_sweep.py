@@ -412,3 +412,56 @@ def test_ray_sweep_gives_the_local_results(scripted, tmp_path, ray_head):
     b = comparable(tmp_path / "ray" / "trials.jsonl")
     check_records(list(b.values()), n=2)
     assert a == b
+
+
+# --------------------------------------------------------------------------- setup mistakes
+
+class _Res:
+    """A CompletedProcess in the shape ``assert_clean_error`` reads."""
+
+    def __init__(self, p: subprocess.CompletedProcess) -> None:
+        self.rc, self.stdout, self.stderr = p.returncode, p.stdout, p.stderr
+
+
+def test_mistakes_are_caught_before_anything_is_written(scripted, tmp_path):
+    srv = scripted(responder)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("Answer {nope}")
+    out = tmp_path / "out"
+    for extra, needle in ((["--prompt", str(bad)], "unknown field {nope}"),
+                          (["--lengths", ","], "--lengths needs at least one length"),
+                          (["--ray", f"127.0.0.1:{_free_port()}"], "no Ray cluster answers")):
+        args = grid_args(srv, out, tmp_path / "j.sqlite3") + extra
+        res = _Res(rlm_cli(args, env_with_factory(), timeout=60))
+        assert_clean_error(res, 2, needle)
+        assert not (out / "trials.jsonl").exists()
+    assert srv.count == 0
+
+
+def test_one_sweep_per_out_dir_and_a_grid_that_ran_nothing_is_replaced(scripted, tmp_path):
+    import fcntl
+    srv = scripted(responder)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"grid": {"tasks": ["other"]}, "earlier": []}))
+    with open(out / ".lock", "w") as held:  # another rlm eval at work in this directory
+        fcntl.flock(held, fcntl.LOCK_EX)
+        res = _Res(rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3"), env_with_factory()))
+        assert_clean_error(res, 2, "another rlm eval is running")
+    assert srv.count == 0
+    # the recorded grid never ran a trial (no trials.jsonl): a new grid takes its place
+    res = rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3"), env_with_factory())
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "sweep.json").read_text())["grid"]["tasks"] == list(TASKS)
+
+
+def test_a_sweep_whose_every_trial_failed_on_the_endpoint_exits_3(tmp_path):
+    out = tmp_path / "out"
+    args = ["eval", "--sample-factory", FACTORY, "--tasks", "easy", "--lengths", "1k",
+            "--methods", "base", "--n", "2", "--out", str(out), "--journal",
+            str(tmp_path / "j.sqlite3"), "-q", "--base-url", f"http://127.0.0.1:{_free_port()}/v1",
+            "--api-key", API_KEY, "--model", MODEL]
+    res = rlm_cli(args, env_with_factory())
+    assert res.returncode == 3, res.stderr
+    assert "every trial run now (2) failed on the model endpoint" in res.stderr
+    assert [r["failure"] for r in read_jsonl(out / "trials.jsonl")] == ["EndpointError"] * 2

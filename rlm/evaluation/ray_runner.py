@@ -78,6 +78,24 @@ def _env_vars(specs: list[TrialSpec]) -> dict[str, str]:
     return {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
 
 
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``HOST:PORT`` address must accept a TCP connection: ``ray.init`` retries an absent
+    cluster for minutes, printing warnings, instead of failing.
+
+    Raises:
+        ConfigError: nothing answers at the address within ``timeout`` seconds.
+    """
+    import socket
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": Ray resolves those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"no Ray cluster answers at {address} ({exc}); start one with "
+                          f"`ray start --head --port {port}` or give its address") from None
+
+
 def run_on_ray(specs: list[TrialSpec], address: str) -> Iterator[dict]:
     """Run ``specs`` as Ray tasks on the cluster at ``address``; yield each trial record as
     it finishes (any order).
@@ -91,6 +109,7 @@ def run_on_ray(specs: list[TrialSpec], address: str) -> Iterator[dict]:
             error (the sweep stops, unfinished tasks are cancelled).
     """
     ray = _import_ray()
+    reachable(address)
     env = _env_vars(specs)
     try:
         ray.init(address=address, log_to_driver=False,

@@ -456,8 +456,15 @@ class Sweep:
                 (the sweep stops; finished trials stay recorded).
             KeyboardInterrupt: interrupted; running trials are cancelled (resumable).
         """
-        t0 = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
+        self._lock_out()
+        try:
+            return self._run_locked()
+        finally:
+            os.close(self._lock_fd)
+
+    def _run_locked(self) -> dict[str, Path]:
+        t0 = time.monotonic()
         self._check_grid()
         _cut_torn_tail(self.trials_path)
         from .report import read_trials, write_report
@@ -473,12 +480,31 @@ class Sweep:
                     writer.write(rec)
                     self.stats["run"] += 1
                     self.stats["cost_usd"] += rec.get("cost_usd") or 0.0
+                    if rec.get("failure") == "EndpointError":
+                        self.stats["endpoint_errors"] = self.stats.get("endpoint_errors", 0) + 1
                     bar.advance(self.stats["cost_usd"])
         finally:
             getattr(records, "close", lambda: None)()  # cancels what still runs
             writer.close()
             self.stats["seconds"] = time.monotonic() - t0
         return write_report(self.out)
+
+    def _lock_out(self) -> None:
+        """One sweep per ``--out`` at a time (two would run, and pay for, every trial twice):
+        an exclusive ``flock`` on ``OUT/.lock``, held until this process exits.
+
+        Raises:
+            ConfigError: another process holds it.
+        """
+        import fcntl
+        fd = os.open(self.out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"another rlm eval is running into {self.out}; wait for it, or "
+                              "pick another --out") from None
+        self._lock_fd = fd
 
     def _check_grid(self) -> None:
         path = self.out / SWEEP_FILE
@@ -492,6 +518,9 @@ class Sweep:
                                   "--out") from None
             before = saved.get("grid") or {}
             earlier = list(saved.get("earlier") or [])
+            ran = self.trials_path.is_file() and self.trials_path.stat().st_size > 0
+            if before != now and not ran:
+                before = now  # that grid stopped before any trial (a setup error): replace it
             if before != now:
                 if not self.force:
                     diff = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
