@@ -248,7 +248,7 @@ _RUN_RESUME = (RUN, RESUME)
 
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
 #: group and of the README tables. Embedded defaults keep what the small local model is fed small
-#: (its window is 8k tokens per slot) and its sub-call answers short (a rambling one costs ~25 s
+#: (its window is 16k tokens per request) and its sub-call answers short (a rambling one costs ~25 s
 #: at 512 tokens); it repeats itself when stuck, hence fewer iterations.
 OPTIONS: tuple[Option, ...] = (
     # -- the context (--context itself is the CLI's: rlm/cli.py) -------------------------------
