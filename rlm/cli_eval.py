@@ -195,6 +195,19 @@ def grid_from_args(args):
                 price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)
 
 
+def _partial_report(sweep) -> None:
+    """After an interruption: the tables and plots of the trials finished so far (none when no
+    trial finished; a report that fails is only mentioned, the interruption is the news)."""
+    from .evaluation.report import write_report
+    if not (sweep.trials_path.is_file() and sweep.trials_path.stat().st_size):
+        return
+    try:
+        write_report(sweep.out)
+        print(f"rlm: the report of the finished trials is in {sweep.out}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - best effort on the way out
+        print(f"rlm: no report of the finished trials ({exc})", file=sys.stderr)
+
+
 def _journal_spec(value: str | None) -> str | None:
     """``--journal``: a ``postgresql://`` URL as given, a file path made absolute (Ray workers
     and later reruns may start elsewhere)."""
@@ -224,6 +237,7 @@ def cmd_eval(args) -> int:
               f"{sweep.trials_path}, running ones were cancelled. Run the same command again "
               "to continue (finished trials are skipped, interrupted ones resume).",
               file=sys.stderr)
+        _partial_report(sweep)
         return 130
     s = sweep.stats
     if not args.quiet:

@@ -465,3 +465,25 @@ def test_a_sweep_whose_every_trial_failed_on_the_endpoint_exits_3(tmp_path):
     assert res.returncode == 3, res.stderr
     assert "every trial run now (2) failed on the model endpoint" in res.stderr
     assert [r["failure"] for r in read_jsonl(out / "trials.jsonl")] == ["EndpointError"] * 2
+
+
+def test_ctrl_c_reports_the_finished_trials_and_the_rerun_completes(scripted, tmp_path):
+    srv = scripted(responder, latency=0.4)
+    out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
+    args = [sys.executable, "-m", "rlm", *grid_args(srv, out, journal, 3), "--concurrency", "1"]
+    proc = subprocess.Popen(args, env=env_with_factory(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not ((out / "trials.jsonl").is_file() and read_jsonl(out / "trials.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Run the same command again" in err and "report of the finished trials" in err
+    done = read_jsonl(out / "trials.jsonl")
+    assert 1 <= len(done) < 3 * len(TASKS) * 3
+    assert f"{len(done)} trials" in (out / "summary.md").read_text()
+    res = rlm_cli(grid_args(srv, out, journal, 3), env_with_factory())
+    assert res.returncode == 0, res.stderr
+    check_records(read_jsonl(out / "trials.jsonl"), n=3)  # each trial once, none repeated
