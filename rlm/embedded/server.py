@@ -361,6 +361,10 @@ class EmbeddedServer:
                 raise EmbeddedModelUnavailable(
                     f"xllamacpp is installed but cannot be imported ({message}): {XLLAMACPP_INSTALL}"
                 )
+            try:  # it exits right after reporting: then its log is complete, and quoted
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
             raise EndpointError(self._failure(f"the llama.cpp server failed to start ({message})"))
         address = str(reply["address"]).rstrip("/")
         if not address.startswith("http://127.0.0.1:"):
