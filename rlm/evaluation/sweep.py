@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 from harness.errors import HarnessError, RunMismatchError
 
 from ..errors import ConfigError, RLMError
+from ..options import DEFAULT_EMBEDDED_MODEL
 
 #: The methods a sweep compares.
 METHODS = ("base", "rlm")
@@ -336,7 +337,7 @@ class Grid:
     profiles: list[str] = field(default_factory=lambda: ["small"])
     n: int = 5
     seed: int = 0
-    model: str = "qwen2.5-coder-0.5b"
+    model: str = DEFAULT_EMBEDDED_MODEL
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_cost_per_trial: float | None = None
