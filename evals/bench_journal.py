@@ -20,11 +20,14 @@ own file lock and its sleeping busy handler.
 ``--postgres`` measures the same on PostgreSQL too: a throwaway local server
 (``evals.pg_server``; or ``--postgres-url URL`` for an existing one), a fresh schema per
 measurement. ``--chain`` also measures each store with the hash chain switched off (no chain head
-read, no run lock, no hashing), so the difference is the chain's cost per stage.
+read, no run lock, no hashing), so the difference is the chain's cost per stage. ``--spend`` adds
+a run's two spend rows per stage (the reservation before the call, the settlement after) and
+measures them each committed against written behind (``harness.journal.behind``: the
+reservation commits with the queued records, the rest waits).
 
     python -m evals.bench_journal [--stages 2000] [--threads 16] [--repeat 3]
                                   [--compare-connections] [--postgres | --postgres-url URL]
-                                  [--chain]
+                                  [--chain] [--spend]
 """
 from __future__ import annotations
 
@@ -54,28 +57,52 @@ _REQUEST_TEXT = "y" * 2000
 
 
 def journal_one_stage(j: Journal, run_id: str, i: int) -> None:
-    """Journal one model-call stage: 3 transitions and the call's request/response."""
+    """Journal one model-call stage: 3 transitions and the call's request/response (with
+    ``--spend``, as a run journals it: also its reservation, before it is "sent", and its
+    settlement; ``_behind`` journals write all but the reservation behind)."""
+    behind = getattr(j, "_behind", None)
+    spend = behind is not None
+    call_id = f"{run_id}/iteration-0/model_call-{i}"
     for frm, to in ((None, "pending"), ("pending", "running"), ("running", "completed")):
+        if spend and to == "running":
+            j.record_spend(run_id, call_id, f"r{i}", "reserved", model="m", calls=1,
+                           prompt_tokens=900, completion_tokens=256)
         j.record_event({"run_id": run_id, "stage": _stage(run_id, i, to), "from": frm, "to": to,
-                        "ts": time.time()})
+                        "ts": time.time()}, behind=bool(behind))
     req = {"model": "qwen2.5-coder-0.5b", "max_tokens": 256,
            "messages": [{"role": "user", "content": _REQUEST_TEXT}]}
-    j.record_model_call(run_id, f"{run_id}/iteration-0/model_call-{i}",
+    j.record_model_call(run_id, call_id,
                         request_hash=request_hash(req), request=req,
                         response={"text": "x" * 400, "finish_reason": "stop"},
                         usage={"prompt_tokens": 812, "completion_tokens": 120},
-                        attempts=[{"n": 1, "seconds": 1.2}])
+                        attempts=[{"n": 1, "seconds": 1.2}], behind=bool(behind))
+    if spend:
+        j.record_spend(run_id, call_id, f"r{i}", "settled", model="m", calls=1,
+                       prompt_tokens=812, completion_tokens=120, behind=bool(behind))
+
+
+class _EachCommitted(SQLiteJournal):
+    """A run's records of one call (``--spend``), each in its own transaction."""
+
+    _behind = False
+
+
+class _WrittenBehind(SQLiteJournal):
+    """A run's records of one call (``--spend``), as a run writes them: the reservation
+    durable (carrying the queued records), the rest written behind."""
+
+    _behind = True
 
 
 class _Unchained:
     """The journal without its hash chain (for measuring the chain's cost only): the same event
     append (statements, round trips), with no head lookup, no hashing and NULL chain columns."""
 
-    def _append_chained(self, action, run_id, stage_id, from_status, to_status, ts, stage_json,
-                        stage):  # type: ignore[override]
-        self._append_event(action, (run_id, stage_id, from_status, to_status, ts,  # type: ignore
-                                    stage_json, None, None),
-                           (stage.get("parent_id"), stage.get("kind"), stage.get("level")))
+    def _event_digest(self, prev, ev):  # type: ignore[override]
+        return None
+
+    def _chain_head(self, conn, run_id):  # type: ignore[override]
+        return None
 
 
 class _UnchainedSQLite(_Unchained, SQLiteJournal):
@@ -176,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure PostgreSQL on this server (a schema per run)")
     parser.add_argument("--chain", action="store_true",
                         help="also measure each store without the hash chain")
+    parser.add_argument("--spend", action="store_true",
+                        help="also measure SQLite with a run's spend rows, each record committed "
+                             "vs written behind (one commit per call)")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         global _PG_URL
@@ -192,6 +222,9 @@ def _main(args: argparse.Namespace) -> int:
                                                   SQLiteJournal)]
     if args.chain:
         variants.append(("SQLite without the hash chain", _UnchainedSQLite))
+    if args.spend:
+        variants.append(("SQLite, with spend rows, each record committed", _EachCommitted))
+        variants.append(("SQLite, with spend rows, written behind (as a run)", _WrittenBehind))
     if args.compare_connections:
         variants.append(("SQLite: connection per thread (rejected)", _PerThreadJournal))
     if _PG_URL:

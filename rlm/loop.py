@@ -188,7 +188,8 @@ class RLMLoop:
                     cell.finish(Status.failed, res.error)
             if opts.journal is not None:
                 opts.journal.record_cell(run.run_id, cell.id, code,
-                                         {"output": out, "error": res.error, "final": res.final})
+                                         {"output": out, "error": res.error, "final": res.final},
+                                         behind=True)
             feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
                                                   res.died, opts.cell_timeout)
                             + interrupt_note(cell_scope))

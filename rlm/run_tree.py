@@ -69,7 +69,10 @@ class RunTree:
         hide_startup_secrets()
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.recorded = recorded
-        listeners = [options.journal.record_event] if options.journal is not None else []
+        # transitions are written behind: durable with the next spend reservation (before the next
+        # call is sent), a read, or within harness.journal.behind.WRITE_BEHIND_SECONDS
+        listeners = ([options.journal.record_event_behind] if options.journal is not None
+                     else [])
         listeners += list(options.listeners or ())  # live view, OpenTelemetry (after the journal)
         self.tree = StageTree(self.run_id, listeners)
         self.accountant = Accountant(options.budget, options.prices or PriceTable(),
@@ -179,7 +182,7 @@ class RunTree:
                 usage={"prompt_tokens": comp.prompt_tokens,
                        "completion_tokens": comp.completion_tokens, "cost_usd": cost,
                        "estimated": comp.usage_estimated},
-                attempts=comp.attempts, replace=self.recorded is not None)
+                attempts=comp.attempts, replace=self.recorded is not None, behind=True)
         return comp
 
     def _admit(self, st: StageScope, model: str, messages: list[dict], max_tokens: int,
@@ -311,8 +314,10 @@ class RunTree:
         else:
             amounts = {}
         try:
+            # the reservation is durable before the call is sent (with every record queued
+            # before it); its settlement or release may be written behind
             journal.record_spend(self.run_id, call_id, reservation, event, model=resv.model,
-                                 **amounts)
+                                 behind=event != "reserved", **amounts)
         except Exception:
             if not quiet:
                 raise

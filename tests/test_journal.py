@@ -1017,3 +1017,112 @@ def test_harness_journal_imports_no_rlm_or_kernels():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ---- write-behind: what is durable before the harness acts -------------------------------------
+
+
+def _committed(jpath, sql: str, params: tuple = ()) -> list[tuple]:
+    """What another connection (another process, after a crash) can read now."""
+    con = sqlite3.connect(str(jpath))
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+def _queue_one_call(j: Journal, run_id: str, i: int) -> None:
+    """What a run queues for one model call after its reservation: transitions, the call, the
+    settlement."""
+    call_id = f"it/model_call-{i}"
+    st = stage(run_id, call_id, "pending")
+    for frm, to in ((None, "pending"), ("pending", "running"), ("running", "completed")):
+        j.record_event(event(run_id, dict(st, status=to), frm, to), behind=True)
+    req = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}
+    j.record_model_call(run_id, call_id, request_hash=request_hash(req), request=req,
+                        response={"text": f"a{i}"}, usage={}, attempts=[], behind=True)
+    j.record_spend(run_id, call_id, f"r{i}", "settled", model="m", calls=1, behind=True)
+    j.record_cell(run_id, f"it/cell-{i}", "print(1)", {"output": "1"}, behind=True)
+
+
+def test_a_reservation_commits_every_record_queued_before_it(jpath, monkeypatch):
+    import harness.journal.behind as behind
+    monkeypatch.setattr(behind, "WRITE_BEHIND_SECONDS", 30.0)  # only the reservation commits
+    with Journal(jpath) as j:
+        j.create_run("wb", query="q", model="m")
+        _queue_one_call(j, "wb", 0)
+        assert j.pending == 6
+        # queued, not committed: a crash now would lose them (and only re-send that call)
+        assert _committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") == [(0,)]
+        assert _committed(jpath, "SELECT count(*) FROM model_calls WHERE run_id='wb'") == [(0,)]
+        # the next call's reservation is durable, and carries everything queued before it
+        j.record_spend("wb", "it/model_call-1", "r1", "reserved", model="m", calls=1)
+        assert j.pending == 0
+        assert _committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") == [(3,)]
+        assert _committed(jpath, "SELECT call_id FROM model_calls WHERE run_id='wb'") == [
+            ("it/model_call-0",)]
+        assert _committed(jpath, "SELECT count(*) FROM cells WHERE run_id='wb'") == [(1,)]
+        # in the order recorded: the settlement of call 0 before the reservation of call 1
+        assert _committed(jpath, "SELECT reservation, event FROM spend WHERE run_id='wb' "
+                                 "ORDER BY seq") == [("r0", "settled"), ("r1", "reserved")]
+        with pytest.raises(ValueError, match="before its call is sent"):
+            j.record_spend("wb", "it/model_call-1", "r1", "reserved", behind=True)
+
+
+def test_queued_records_reach_the_file_on_their_own_and_readers_see_them(jpath):
+    from harness.verify import verify_run
+    with Journal(jpath) as j:
+        j.create_run("wb", query="q", model="m")
+        _queue_one_call(j, "wb", 0)
+        # the background writer commits the queue within WRITE_BEHIND_SECONDS
+        deadline = time.monotonic() + 10
+        while (_committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") != [(3,)]
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert _committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") == [(3,)]
+        _queue_one_call(j, "wb", 1)
+        # a reader in the same process sees what it queued
+        assert [e["stage_id"] for e in j.events("wb")][-1] == "wb/it/model_call-1"
+        assert len(j.model_calls("wb")) == 2
+        j.finish_run("wb", status="completed", answer="a")
+        # written in batches, the hash chain is the same as one transaction per event
+        verdict = verify_run(j, "wb")
+        assert verdict.events == 6
+        assert [v for v in verdict.violations if v.check == "chain"] == []
+
+
+def test_a_failed_batch_is_kept_and_the_next_reservation_fails(jpath, caplog):
+    j = Journal(jpath, busy_timeout=0.2)
+    try:
+        j.create_run("wb", query="q", model="m")
+        _queue_one_call(j, "wb", 0)
+        j.flush()
+        _queue_one_call(j, "wb", 1)
+        blocker = sqlite3.connect(str(jpath), isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            with pytest.raises(JournalError, match="locked"):
+                j.record_spend("wb", "it/model_call-2", "r2", "reserved", model="m", calls=1)
+            assert j.pending == 6  # nothing queued is lost: no call may be sent now
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        j.record_spend("wb", "it/model_call-2", "r2", "reserved", model="m", calls=1)
+        assert j.pending == 0
+        assert [c["call_id"] for c in j.model_calls("wb")] == ["it/model_call-0",
+                                                              "it/model_call-1"]
+        assert len(j.events("wb")) == 6
+    finally:
+        j.close()
+
+
+def test_close_commits_the_queue(jpath, monkeypatch):
+    import harness.journal.behind as behind
+    monkeypatch.setattr(behind, "WRITE_BEHIND_SECONDS", 30.0)
+    j = Journal(jpath)
+    j.create_run("wb", query="q", model="m")
+    _queue_one_call(j, "wb", 0)
+    j.close()
+    assert _committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") == [(3,)]
+    with pytest.raises(JournalError, match="closed"):
+        j.record_event(event("wb", stage("wb", "x", "pending"), None, "pending"), behind=True)

@@ -209,6 +209,7 @@ class PostgresStore(Store):
 
     def _read(self, action: str, sql: str, params: tuple) -> list[tuple]:
         import psycopg
+        self._before_read()
         with self._lock:
             conn = self._connection()
             try:
@@ -218,6 +219,8 @@ class PostgresStore(Store):
 
     def _transaction(self, action: str, work: Callable[[Any], _T], *,
                      immediate: bool = True) -> _T:
+        if not immediate:
+            self._before_read()
         with self._lock:
             return self._run(self._connection(), action, work, immediate=immediate)
 
@@ -247,10 +250,10 @@ class PostgresStore(Store):
                "updated_ts, stage) SELECT ?::text, ?::text, ?::text, ?::text, ?::text, "
                "?::integer, ev.seq, ?::double precision, ?::text FROM ev " + STAGE_ON_CONFLICT)
 
-    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
+    def _append_event_in(self, conn: Any, event: tuple, stage: tuple) -> None:
         run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
-        self._write1(action, self._APPEND, (*event, run_id, stage_id, stage[0], stage[1],
-                                            to_status, stage[2], ts, stage_json))
+        conn.execute(self._APPEND, (*event, run_id, stage_id, stage[0], stage[1], to_status,
+                                    stage[2], ts, stage_json))
 
     def integrity_check(self, *, quick: bool = False) -> list[str]:
         """The server keeps its own data consistent; this checks that every table the schema

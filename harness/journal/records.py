@@ -18,15 +18,13 @@ This module imports only the standard library and ``harness.journal``'s own modu
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 from typing import Any
 
-from harness.journal.encoding import dumps, event_hash, loads, run_anchor, value_hash
+from harness.journal.behind import WriteBehind
+from harness.journal.encoding import dumps, loads, value_hash
 from harness.journal.errors import JournalError, ModelCallConflictError
 from harness.journal.schema import EVENT_INSERT, STAGE_ON_CONFLICT, STAGE_UPSERT
-from harness.journal.store import Store
 
 __all__ = ["StageRecords", "ModelCallRecords", "CellRecords", "STAGE_SELECT", "EVENT_SELECT",
            "CHAIN_SELECT", "EVENT_INSERT", "STAGE_UPSERT", "STAGE_ON_CONFLICT",
@@ -74,42 +72,17 @@ def cell_record(row: tuple) -> dict:
             "created_at": created}
 
 
-_CHAIN_RETRIES = 50
-
-
-def _chain_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` is the unique index ``events_chain`` refusing a second event with the same
-    ``prev_hash``: another writer appended to the run first (retry from the journal's head)."""
-    text = str(exc.__cause__ or exc)
-    return "events_chain" in text or "events.run_id, events.prev_hash" in text
-
-
-class StageRecords(Store):
+class StageRecords(WriteBehind):
     """The stage methods of ``Journal``: ``record_event``, ``stages``, ``events``.
 
-    The hash chain needs no lock: the unique index ``events_chain`` on ``(run_id, prev_hash)``
-    lets each hash be chained from once, so of two writers appending to one run (threads, or
-    processes and hosts) the second one's insert fails and it retries from the journal's new
-    head. Each journal remembers the head of the runs it writes (``_heads``), so the usual append
-    is one insert; a head made stale by another writer costs one retry.
+    The hash chain needs no lock across processes: the unique index ``events_chain`` on
+    ``(run_id, prev_hash)`` lets each hash be chained from once, so of two writers appending to
+    one run (threads, or processes and hosts) the second one's insert fails and it retries from
+    the journal's new head. Each journal remembers the head of the runs it writes (``_heads``),
+    so the usual append is one insert; a head made stale by another writer costs one retry.
     """
 
-    @property
-    def _heads(self) -> dict[str, str]:
-        self._chain_lock  # noqa: B018 - a fresh cache after fork()
-        return self.__dict__["_chain_heads"]
-
-    @property
-    def _chain_lock(self) -> threading.Lock:
-        """Held from reading a run's head to appending after it: the threads sharing this
-        journal never race each other (only other processes' writers can, and retry)."""
-        d = self.__dict__
-        if d.get("_chain_pid") != os.getpid():
-            d["_chain_lock"], d["_chain_heads"], d["_chain_pid"] = (threading.Lock(), {},
-                                                                    os.getpid())
-        return d["_chain_lock"]
-
-    def record_event(self, event: dict) -> None:
+    def record_event(self, event: dict, *, behind: bool = False) -> None:
         """Record one stage transition: upsert the stage's latest row and append the event, in
         ONE transaction. Usable directly as a StageTree listener.
 
@@ -118,12 +91,16 @@ class StageRecords(Store):
                 ``stage`` is the JSON-able stage dict after the transition, with at least ``id``
                 (and usually ``parent_id``, ``kind``, ``level``, ``status``). ``from`` is
                 ``None`` for the creation event. ``ts`` is unix seconds.
+            behind: queue it (written behind: committed with the next durable record, a read,
+                ``flush()`` or within ``WRITE_BEHIND_SECONDS``; see ``harness.journal.behind``)
+                instead of committing it before returning.
 
         The stage row is only overwritten by an event whose ``ts`` is not older than the one that
         wrote it, so listener calls that arrive out of order cannot roll a stage back.
 
         Raises:
-            JournalError: the event lacks a key, its stage is not JSON-able, or the write failed.
+            JournalError: the event lacks a key, its stage is not JSON-able, or the write failed
+                (for ``behind``: only the first two, and a closed journal).
         """
         try:
             run_id = event["run_id"]
@@ -140,42 +117,18 @@ class StageRecords(Store):
         except (TypeError, ValueError) as exc:
             raise JournalError(f"stage {stage_id!r} of run {run_id!r} is not JSON-serializable: "
                                f"{exc}") from exc
+        item = ("event", f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}",
+                (run_id, stage_id, from_status, to_status, ts, stage_json),
+                (stage.get("parent_id"), stage.get("kind"), stage.get("level")))
+        if behind:
+            self._defer(item)
+        else:
+            self._durable(item)
 
-        action = f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}"
-        with self._chain_lock:
-            self._append_chained(action, run_id, stage_id, from_status, to_status, ts,
-                                 stage_json, stage)
-
-    def _append_chained(self, action: str, run_id: str, stage_id: str, from_status: str | None,
-                        to_status: str, ts: float, stage_json: str, stage: dict) -> None:
-        for attempt in range(_CHAIN_RETRIES):
-            prev = self._heads.get(run_id) or self._chain_head(action, run_id)
-            digest = event_hash(prev, run_id, stage_id, from_status, to_status, ts, stage_json)
-            try:
-                self._append_event(action, (run_id, stage_id, from_status, to_status, ts,
-                                            stage_json, prev, digest),
-                                   (stage.get("parent_id"), stage.get("kind"),
-                                    stage.get("level")))
-            except JournalError as exc:
-                self._heads.pop(run_id, None)
-                if not _chain_conflict(exc) or attempt == _CHAIN_RETRIES - 1:
-                    raise
-            else:
-                self._heads[run_id] = digest
-                return
-
-    def _chain_head(self, action: str, run_id: str) -> str:
-        """The hash a new event of ``run_id`` chains from, read from the journal: its latest
-        event's, or the run's anchor for its first event."""
-        head = self._read(action, "SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
-                          "LIMIT 1", (run_id,))
-        if head and head[0][0] is not None:
-            return head[0][0]
-        if head:  # the run's earlier events predate the hash chain (schema version 1)
-            return run_anchor(run_id, None)
-        inputs = self._read(action, "SELECT query, model, sub_model, max_depth, options "
-                            "FROM runs WHERE run_id = ?", (run_id,))
-        return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
+    def record_event_behind(self, event: dict) -> None:
+        """``record_event(event, behind=True)``: the StageTree listener of a run (its
+        transitions are written behind; see ``harness.journal.behind``)."""
+        self.record_event(event, behind=True)
 
     def stages(self, run_id: str) -> list[dict]:
         """Return the latest dict of every stage of ``run_id``, in the order first recorded
@@ -193,13 +146,13 @@ class StageRecords(Store):
         return [event_record(run_id, r) for r in rows]
 
 
-class ModelCallRecords(Store):
+class ModelCallRecords(WriteBehind):
     """The model-call methods of ``Journal``: ``record_model_call``, ``lookup_model_call``,
     ``model_calls``."""
 
     def record_model_call(self, run_id: str, call_id: str, *, request_hash: str, request: dict,
                           response: Any, usage: Any, attempts: Any,
-                          replace: bool = False) -> bool:
+                          replace: bool = False, behind: bool = False) -> bool:
         """Record one model call (request, response, usage, every attempt).
 
         Args:
@@ -211,6 +164,8 @@ class ModelCallRecords(Store):
                 that went live after a divergence (its calls from that point on supersede the
                 recorded ones, so a later replay follows what the run really did). Default
                 ``False``: a recorded call is never silently changed.
+            behind: queue it (written behind, see ``harness.journal.behind``) and return
+                ``True``; a conflict found when it is committed is logged, not raised.
 
         Returns:
             ``True`` if recorded; ``False`` if the same ``(run_id, call_id)`` was already recorded
@@ -232,12 +187,16 @@ class ModelCallRecords(Store):
                        "usage = excluded.usage, attempts = excluded.attempts, "
                        "created_at = excluded.created_at, response_hash = excluded.response_hash"
                        if replace else "DO NOTHING")
-        changed = self._write1(
-            f"record model call {call_id!r} of run {run_id!r}",
-            "INSERT INTO model_calls (run_id, call_id, request_hash, request, response, usage, "
-            "attempts, created_at, response_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            f"ON CONFLICT (run_id, call_id) {on_conflict}",
-            (run_id, call_id, request_hash, *values, time.time(), value_hash(response)))
+        item = ("call", f"record model call {call_id!r} of run {run_id!r}",
+                "INSERT INTO model_calls (run_id, call_id, request_hash, request, response, "
+                "usage, attempts, created_at, response_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"ON CONFLICT (run_id, call_id) {on_conflict}",
+                (run_id, call_id, request_hash, *values, time.time(), value_hash(response)),
+                run_id, call_id, request_hash)
+        if behind:
+            self._defer(item)
+            return True
+        changed = self._durable(item)
         if changed:
             return True
         existing = self._read("look up a model call",
@@ -268,12 +227,14 @@ class ModelCallRecords(Store):
         return [call_record(r) for r in rows]
 
 
-class CellRecords(Store):
+class CellRecords(WriteBehind):
     """The cell methods of ``Journal``: ``record_cell``, ``cells``."""
 
-    def record_cell(self, run_id: str, stage_id: str, code: str, output: Any) -> None:
+    def record_cell(self, run_id: str, stage_id: str, code: str, output: Any, *,
+                    behind: bool = False) -> None:
         """Append one executed cell: its ``code`` (str) and JSON-able ``output`` (stdout, result,
-        error, ...). A re-executed cell (resume, replay) appends another row.
+        error, ...). A re-executed cell (resume, replay) appends another row. ``behind``: queue
+        it (written behind, see ``harness.journal.behind``).
 
         Raises:
             JournalError: ``output`` is not JSON-able, or the write failed.
@@ -283,9 +244,13 @@ class CellRecords(Store):
         except (TypeError, ValueError) as exc:
             raise JournalError(f"output of cell {stage_id!r} of run {run_id!r} is not "
                                f"JSON-serializable: {exc}") from exc
-        self._write1(f"record cell {stage_id!r} of run {run_id!r}",
-                     "INSERT INTO cells (run_id, stage_id, code, output, created_at) "
-                     "VALUES (?, ?, ?, ?, ?)", (run_id, stage_id, code, output_json, time.time()))
+        item = ("sql", f"record cell {stage_id!r} of run {run_id!r}",
+                "INSERT INTO cells (run_id, stage_id, code, output, created_at) "
+                "VALUES (?, ?, ?, ?, ?)", (run_id, stage_id, code, output_json, time.time()))
+        if behind:
+            self._defer(item)
+        else:
+            self._durable(item)
 
     def cells(self, run_id: str) -> list[dict]:
         """Return every recorded cell of ``run_id`` in recording order: dicts with ``seq``,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.journal.encoding import dumps, loads
 from harness.journal.errors import JournalError, RunExistsError, UnknownRunError
-from harness.journal.store import Store
+from harness.journal.behind import WriteBehind
 
 if TYPE_CHECKING:
     from harness.journal.journal import Journal
@@ -140,7 +140,7 @@ class Heartbeat:
     __call__ = stop
 
 
-class RunRecords(Store):
+class RunRecords(WriteBehind):
     """The run methods of ``Journal``: ``create_run``, ``claim_run``, ``heartbeat``,
     ``start_heartbeat``, ``finish_run``, ``get_run``, ``list_runs``."""
 
@@ -283,11 +283,12 @@ class RunRecords(Store):
             raise JournalError(f"run {run_id!r}: usage or error is not JSON-serializable: "
                                f"{exc}") from exc
         now = time.time()
-        changed = self._write1(
-            f"finish run {run_id!r}",
+        # with every record queued before it, so a finished run's records are all there
+        changed = self._durable((
+            "sql", f"finish run {run_id!r}",
             "UPDATE runs SET status = ?, answer = ?, usage = ?, error = ?, finished_at = ?, "
             "updated_at = ? WHERE run_id = ?",
-            (status, answer, usage_json, error_json, now, now, run_id))
+            (status, answer, usage_json, error_json, now, now, run_id)))
         if not changed:
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
 

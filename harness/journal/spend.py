@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.journal.encoding import dumps, loads
 from harness.journal.errors import JournalError
-from harness.journal.store import Store
+from harness.journal.behind import WriteBehind
 
 __all__ = ["SpendRecords", "SPEND_EVENTS"]
 
@@ -33,14 +33,15 @@ _SPEND_SELECT = ("SELECT reservation, call_id, event, model, calls, prompt_token
 _CALLS_SELECT = "SELECT call_id, request, usage FROM model_calls WHERE run_id = ? ORDER BY rowid"
 
 
-class SpendRecords(Store):
+class SpendRecords(WriteBehind):
     """The spend-ledger methods of ``Journal``: ``record_spend``, ``spend``."""
 
     def record_spend(self, run_id: str, call_id: str, reservation: str, event: str, *,
                      model: str | None = None, calls: int = 0, prompt_tokens: int = 0,
                      completion_tokens: int = 0, cost_usd: float = 0.0,
-                     detail: Any = None) -> None:
-        """Append one ledger row; its own committed transaction (durable before returning).
+                     detail: Any = None, behind: bool = False) -> None:
+        """Append one ledger row, committed before returning (with every record queued before it)
+        unless ``behind``.
 
         Args:
             run_id, call_id: the run and the model call's stage id.
@@ -50,6 +51,9 @@ class SpendRecords(Store):
             model: the model name; calls, prompt_tokens, completion_tokens (ints) and
                 cost_usd (float, USD): the amounts of this event.
             detail: JSON-able extra (the estimate behind a reservation).
+            behind: queue it (written behind, see ``harness.journal.behind``): for settlements
+                and releases. A reservation must be durable before its call is sent: never
+                pass ``behind`` for one.
 
         Raises:
             ValueError: an unknown ``event``.
@@ -62,13 +66,20 @@ class SpendRecords(Store):
         except (TypeError, ValueError) as exc:
             raise JournalError(f"spend detail of call {call_id!r} of run {run_id!r} is not "
                                f"JSON-serializable: {exc}") from exc
-        self._write1(
-            f"record the {event} spend of call {call_id!r} of run {run_id!r}",
+        if behind and event == "reserved":
+            raise ValueError("a reservation is written before its call is sent: it cannot be "
+                             "written behind")
+        item = (
+            "sql", f"record the {event} spend of call {call_id!r} of run {run_id!r}",
             "INSERT INTO spend (run_id, call_id, reservation, event, model, calls, "
             "prompt_tokens, completion_tokens, cost_usd, detail, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, call_id, reservation, event, model, int(calls), int(prompt_tokens),
              int(completion_tokens), float(cost_usd), detail_json, time.time()))
+        if behind:
+            self._defer(item)
+        else:
+            self._durable(item)
 
     def spend(self, run_id: str) -> list[dict]:
         """Every reservation of ``run_id`` over all its attempts, folded, in recording order.

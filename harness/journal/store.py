@@ -122,18 +122,19 @@ class Store(ABC):
     _heartbeats: list[Any]
     dialect: str = "sqlite"
 
-    def _append_event(self, action: str, event: tuple, stage: tuple) -> None:
-        """Insert one event (``EVENT_INSERT``'s parameters) and upsert its stage row
-        (``stage``: parent id, kind, level) in one transaction. A store may do it in one
-        statement (``PostgresStore`` does)."""
+    def _append_event_in(self, conn: Any, event: tuple, stage: tuple) -> None:
+        """Inside an open transaction on ``conn``: insert one event (``EVENT_INSERT``'s
+        parameters) and upsert its stage row (``stage``: parent id, kind, level). A store may
+        do it in one statement (``PostgresStore`` does)."""
         run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
+        seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
+        conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
+                                           stage[2], seq, ts, stage_json))
 
-        def write(conn: Any) -> None:
-            seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
-            conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
-                                               stage[2], seq, ts, stage_json))
-
-        self._transaction(action, write)
+    def _before_read(self) -> None:
+        """Called before every read: a store that queues writes commits them here (the
+        journal's write-behind queue, ``harness.journal.behind``), so a process reads what it
+        wrote. Nothing by default."""
 
     @abstractmethod
     def _write1(self, action: str, sql: str, params: tuple,
@@ -346,6 +347,7 @@ class SQLiteStore(Store):
 
     def _read(self, action: str, sql: str, params: tuple) -> list[tuple]:
         """One reading statement; its rows (``fetchall()``)."""
+        self._before_read()
         with self._locked():
             conn = self._connection()
             try:
@@ -359,6 +361,8 @@ class SQLiteStore(Store):
         exception, a ``sqlite3`` error raised as the ``JournalError`` for ``action``. (A plain
         call rather than a context manager: it runs three times per journaled stage, and a
         generator-based ``with`` costs about 2 us more each time.)"""
+        if not immediate:
+            self._before_read()
         with self._locked():
             conn = self._connection()
             try:

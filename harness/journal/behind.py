@@ -1,0 +1,295 @@
+"""Which records must be durable before the harness acts, and group commit for the rest.
+
+A record is written in one of two ways:
+
+- **Durable** (``_durable``): committed before the call returns. These are the records the
+  harness acts on after writing them, so a crash right after the act must find them: a model
+  call's spend *reservation* (written before the request is sent, so caps hold across a crash:
+  a resumed run counts an in-flight call at its reservation), a run's creation, claim and
+  finish, and every record written through the public methods without ``behind=True``.
+- **Written behind** (``_defer``): queued in memory and committed later, in order, in one
+  transaction with the others: stage transitions, model-call requests and responses, executed
+  cells, settlements and releases of the spend ledger. Losing the tail of these in a crash only
+  means that a resumed run re-sends the calls whose responses were lost (it is charged for
+  them at their reservation either way) and re-runs their cells.
+
+Two rules keep the journal's guarantees:
+
+1. **Order.** The queue is FIFO and a durable record commits in the same transaction as every
+   record queued before it; so whatever was recorded before a durable record is durable when it
+   is. In particular everything a run recorded before sending a model call is in the journal
+   before the call is sent, and a run's events are committed in the order they happened (their
+   ``seq`` and hash chain are the same as with one transaction each).
+2. **Nothing is lost silently.** A batch that fails to commit (disk full, locked too long) is
+   put back at the head of the queue and retried; the next durable write raises the
+   ``JournalError`` (so no call is sent that the journal could not reserve), and ``close()``
+   logs how many records could not be written.
+
+Group commit: the queue is committed by whichever writer comes first: a durable write (which
+takes the whole queue into its own transaction), a reader of this journal (which flushes first,
+so a process always reads what it wrote), ``flush()``, ``close()``, or the journal's background
+writer thread, which commits the queue at most ``WRITE_BEHIND_SECONDS`` after a record was queued
+(so another process tailing the journal, e.g. ``rlm view --live``, sees records that late at
+most). One writer at a time: ``_chain_lock`` is held from taking the queue to committing it.
+
+Measured (``python -m evals.bench_side_by_side --only subcall``): a sub-call journaled this way
+costs one commit (its reservation, carrying the queued records of the previous call) instead of
+seven.
+
+This module imports only the standard library and ``harness.journal``'s own modules.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from harness.journal.encoding import event_hash, run_anchor
+from harness.journal.errors import JournalError
+from harness.journal.store import Store
+
+__all__ = ["WriteBehind", "WRITE_BEHIND_SECONDS"]
+
+log = logging.getLogger("harness.journal")
+
+#: The longest a queued record waits for the background writer (seconds).
+WRITE_BEHIND_SECONDS = 0.05
+_RETRY_SECONDS = 1.0
+_CHAIN_RETRIES = 50
+
+# Queued items (tuples, kind first):
+#   ("event", action, (run_id, stage_id, from, to, ts, stage_json), (parent_id, kind, level))
+#   ("sql", action, sql, params)
+#   ("call", action, sql, params, run_id, call_id, request_hash)   a model call, checked
+
+
+def _chain_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is the unique index ``events_chain`` refusing a second event with the same
+    ``prev_hash``: another writer appended to the run first (retry from the journal's head)."""
+    text = str(exc.__cause__ or exc)
+    return "events_chain" in text or "events.run_id, events.prev_hash" in text
+
+
+class _Queue:
+    """This process's write-behind state of one journal (fresh after ``fork()``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[tuple] = []
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.warned = False
+
+
+class WriteBehind(Store):
+    """The write-behind queue and group commit of ``Journal`` (see the module docstring).
+
+    Methods for the record classes: ``_defer(item)`` (queue), ``_durable(item)`` (commit it with
+    the queue, return its row count). Public: ``flush()``, ``pending`` and ``close()``.
+    """
+
+    # ---- per-process state ----------------------------------------------------------------
+
+    def _state(self) -> tuple[threading.RLock, dict, _Queue]:
+        d = self.__dict__
+        if d.get("_chain_pid") != os.getpid():
+            # the chain lock, the cached chain heads and the queue belong to one process: the
+            # parent writes its own queue, a forked child starts empty
+            d["_chain_lock"], d["_chain_heads"], d["_wb"] = threading.RLock(), {}, _Queue()
+            d["_chain_pid"] = os.getpid()
+        return d["_chain_lock"], d["_chain_heads"], d["_wb"]
+
+    @property
+    def _chain_lock(self) -> threading.RLock:
+        """Held from taking the queue (or reading a run's chain head) to committing after it:
+        the threads sharing this journal never race each other (only other processes' writers
+        can, and retry)."""
+        return self._state()[0]
+
+    @property
+    def _heads(self) -> dict[str, str]:
+        """The last committed chain hash of each run this journal wrote."""
+        return self._state()[1]
+
+    @property
+    def pending(self) -> int:
+        """Records queued and not committed yet (int)."""
+        return len(self._state()[2].items)
+
+    # ---- queueing -------------------------------------------------------------------------
+
+    def _defer(self, item: tuple) -> None:
+        """Queue ``item``; the background writer commits it within ``WRITE_BEHIND_SECONDS``
+        unless a durable write or a reader takes it first. Raises ``JournalError`` once closed."""
+        if self.closed:
+            raise JournalError(f"journal {self.path} is closed")
+        q = self._state()[2]
+        with q.lock:
+            q.items.append(item)
+            if q.thread is None:
+                q.thread = threading.Thread(target=self._writer, args=(q,), daemon=True,
+                                            name="rlm-journal-writer")
+                q.thread.start()
+        q.wake.set()
+
+    def _take(self, q: _Queue) -> list[tuple]:
+        with q.lock:
+            items, q.items = q.items, []
+        return items
+
+    def _put_back(self, q: _Queue, items: list[tuple]) -> None:
+        if items:
+            with q.lock:
+                q.items[:0] = items
+
+    def _durable(self, item: tuple) -> int:
+        """Commit every queued record and then ``item`` in one transaction; return ``item``'s
+        row count. Raises ``JournalError`` (nothing of it committed; the queue is kept)."""
+        with self._chain_lock:
+            q = self._state()[2]
+            queued = self._take(q)
+            try:
+                return self._commit(queued + [item], item[1])[-1]
+            except BaseException:
+                self._put_back(q, queued)
+                raise
+
+    def flush(self) -> None:
+        """Commit every queued record now (one transaction).
+
+        Raises:
+            JournalError: the commit failed; the records stay queued.
+        """
+        with self._chain_lock:
+            q = self._state()[2]
+            items = self._take(q)
+            if not items:
+                return
+            try:
+                self._commit(items, f"write {len(items)} queued record(s)")
+            except BaseException:
+                self._put_back(q, items)
+                raise
+
+    def _before_read(self) -> None:
+        """A reader in this process sees what it wrote: commit the queue first (a failure is
+        logged; the read goes on without the queued records)."""
+        if self.__dict__.get("_chain_pid") == os.getpid() and self.__dict__["_wb"].items:
+            try:
+                self.flush()
+            except JournalError as exc:
+                log.warning("journal %s: queued records not written before a read: %s",
+                            self.path, exc)
+
+    def _writer(self, q: _Queue) -> None:
+        """The background writer: commits the queue ``WRITE_BEHIND_SECONDS`` after it fills."""
+        while not q.stop.is_set():
+            q.wake.wait()
+            if q.stop.wait(WRITE_BEHIND_SECONDS):
+                return
+            q.wake.clear()
+            try:
+                self.flush()
+            except JournalError as exc:
+                if not q.warned:
+                    q.warned = True
+                    log.warning("journal %s: queued records could not be written (%s); retrying",
+                                self.path, exc)
+                q.wake.set()
+                if q.stop.wait(_RETRY_SECONDS):
+                    return
+            except Exception:  # noqa: BLE001 - a bug must not kill the writer silently
+                log.exception("journal %s: the background writer failed", self.path)
+                q.wake.set()
+                if q.stop.wait(_RETRY_SECONDS):
+                    return
+
+    def close(self) -> None:
+        """Commit the queue, stop the background writer, then close the store. Idempotent.
+        Records that still cannot be written are logged as lost (never raised)."""
+        if self.closed:
+            return
+        if self.__dict__.get("_chain_pid") == os.getpid():
+            q = self.__dict__["_wb"]
+            q.stop.set()
+            q.wake.set()
+            try:
+                self.flush()
+            except JournalError as exc:
+                log.error("journal %s: %d record(s) could not be written and are lost: %s",
+                          self.path, len(q.items), exc)
+            if q.thread is not None and q.thread is not threading.current_thread():
+                q.thread.join(timeout=5)
+        super().close()  # type: ignore[safe-super]
+
+    # ---- committing -----------------------------------------------------------------------
+
+    def _commit(self, items: list[tuple], action: str) -> list[int]:
+        """Write ``items`` in order in one transaction (``_chain_lock`` held); returns each
+        item's row count. An event chains from the run's head; if another process appended to
+        the run first, the whole batch is rolled back and retried from the new head."""
+        for attempt in range(_CHAIN_RETRIES):
+            heads: dict[str, str] = {}
+
+            def work(conn: Any) -> list[int]:
+                return [self._write_item(conn, it, heads) for it in items]
+
+            try:
+                counts = self._transaction(action, work)
+            except JournalError as exc:
+                for it in items:
+                    if it[0] == "event":
+                        self._heads.pop(it[2][0], None)
+                if not _chain_conflict(exc) or attempt == _CHAIN_RETRIES - 1:
+                    raise
+                continue
+            self._heads.update(heads)
+            self._check_calls(items, counts)
+            return counts
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write_item(self, conn: Any, item: tuple, heads: dict[str, str]) -> int:
+        kind = item[0]
+        if kind == "event":
+            ev, stage = item[2], item[3]
+            run_id = ev[0]
+            prev = heads.get(run_id) or self._heads.get(run_id) or self._chain_head(conn, run_id)
+            digest = self._event_digest(prev, ev)
+            self._append_event_in(conn, (*ev, prev, digest), stage)
+            heads[run_id] = digest
+            return 1
+        return conn.execute(item[2], item[3]).rowcount
+
+    def _event_digest(self, prev: str | None, ev: tuple) -> str | None:
+        """The chain hash of event ``ev`` after ``prev`` (a hook: the journal benchmark measures
+        the chain's cost by returning None)."""
+        return event_hash(prev, *ev)
+
+    def _chain_head(self, conn: Any, run_id: str) -> str:
+        """The hash a new event of ``run_id`` chains from, read inside the writing transaction:
+        its latest event's, or the run's anchor for its first event."""
+        head = conn.execute("SELECT hash FROM events WHERE run_id = ? ORDER BY seq DESC "
+                            "LIMIT 1", (run_id,)).fetchall()
+        if head and head[0][0] is not None:
+            return head[0][0]
+        if head:  # the run's earlier events predate the hash chain (schema version 1)
+            return run_anchor(run_id, None)
+        inputs = conn.execute("SELECT query, model, sub_model, max_depth, options "
+                              "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+        return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
+
+    def _check_calls(self, items: list[tuple], counts: list[int]) -> None:
+        """A queued model call that changed no row: already recorded. Same request: fine (the
+        first record is kept); another request: logged (a durable ``record_model_call`` raises
+        ``ModelCallConflictError`` instead)."""
+        for it, n in zip(items, counts):
+            if it[0] != "call" or n:
+                continue
+            run_id, call_id, rhash = it[4], it[5], it[6]
+            rows = self._read("look up a model call", "SELECT request_hash FROM model_calls "
+                              "WHERE run_id = ? AND call_id = ?", (run_id, call_id))
+            if rows and rows[0][0] != rhash:
+                log.error("journal %s: model call %r of run %r is already recorded with another "
+                          "request; the first record is kept", self.path, call_id, run_id)
