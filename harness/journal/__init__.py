@@ -17,7 +17,10 @@ carries its place in its run's hash chain (``prev_hash``, ``hash``), anchored to
   is sent), then its settlement or release, so a resumed run starts from what every earlier
   attempt spent, in-flight calls of a killed process included.
 
-Durability: every write is its own short transaction. With WAL and ``synchronous=NORMAL`` a
+Durability: what the harness acts on (a spend reservation before its call is sent, a run's
+creation and end) commits before the call returns, together with everything queued before it;
+a run's other records (transitions, calls, cells, settlements) are written behind, in order,
+by group commit (``behind.py``). With WAL and ``synchronous=NORMAL`` a
 committed transaction survives a crash of the process (SIGKILL included); a power loss may lose the
 last transactions but never corrupts the file. A process killed mid-transaction loses only that
 transaction. A truncated ``-wal`` file loses the commits in its cut-off tail (not yet checkpointed
@@ -39,6 +42,7 @@ Where things are (each module's docstring says more)::
     journal.py   Journal: the class callers use, assembled from the classes below
     runs.py      run records: create, claim, heartbeat (Heartbeat), finish, read; owner liveness
     records.py   stage transitions (events, stages), model calls, cells
+    behind.py    the write-behind queue and group commit; which records are durable first
     spend.py     the spend ledger (record_spend, spend)
     export.py    export_jsonl: one run as JSON Lines
     store.py     Store (the operations the records need) and SQLiteStore (file, WAL, lock, fork,

@@ -244,7 +244,7 @@ class PostgresStore(Store):
             raise
         return result
 
-    # One statement, so one round trip and its own transaction: the event and its stage row.
+    # One statement, so one round trip: the event and its stage row.
     _APPEND = (f"WITH ev AS ({EVENT_INSERT} RETURNING seq) "
                "INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, first_seq, "
                "updated_ts, stage) SELECT ?::text, ?::text, ?::text, ?::text, ?::text, "

@@ -13,7 +13,8 @@ SQLite, as configured here:
 - WAL mode, ``synchronous=NORMAL``: a committed transaction survives a crash of the process
   (SIGKILL included); a power loss may lose the last transactions but never corrupts the file. A
   truncated ``-wal`` file loses the commits in its cut-off tail; every commit before the cut stays
-  intact and the file opens. Every write is its own short transaction.
+  intact and the file opens. Every transaction is short: one record, or one batch of queued
+  records (``harness.journal.behind``).
 - A WAL checkpoint every 4000 pages (16 MiB), the WAL trimmed to 64 MiB.
 - One connection behind one ``threading.Lock`` per store, shared by all threads; a store inherited
   across ``fork()`` opens a fresh connection and lock in the child. Several processes may write
