@@ -45,6 +45,7 @@ import os
 import threading
 from typing import Any
 
+from harness.journal import schema
 from harness.journal.encoding import event_hash, run_anchor
 from harness.journal.errors import JournalError
 from harness.journal.store import Store
@@ -234,7 +235,14 @@ class WriteBehind(Store):
             heads: dict[str, str] = {}
 
             def work(conn: Any) -> list[int]:
-                return [self._write_item(conn, it, heads) for it in items]
+                # a stage's row is written once per batch, from its last event (its first_seq
+                # from its first one): an llm_query's seven transitions cost one upsert
+                latest: dict[tuple, list] = {}
+                counts = [self._write_item(conn, it, heads, latest) for it in items]
+                for (run_id, stage_id), (seq, ev, stage) in latest.items():
+                    conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1],
+                                                       ev[3], stage[2], seq, ev[4], ev[5]))
+                return counts
 
             try:
                 counts = self._transaction(action, work)
@@ -250,15 +258,20 @@ class WriteBehind(Store):
             return counts
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _write_item(self, conn: Any, item: tuple, heads: dict[str, str]) -> int:
+    def _write_item(self, conn: Any, item: tuple, heads: dict[str, str],
+                    latest: dict[tuple, list]) -> int:
         kind = item[0]
         if kind == "event":
             ev, stage = item[2], item[3]
             run_id = ev[0]
             prev = heads.get(run_id) or self._heads.get(run_id) or self._chain_head(conn, run_id)
             digest = self._event_digest(prev, ev)
-            self._append_event_in(conn, (*ev, prev, digest), stage)
+            seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq",
+                               (*ev, prev, digest)).fetchone()[0]
             heads[run_id] = digest
+            key = (run_id, ev[1])
+            first = latest.get(key)
+            latest[key] = [first[0] if first else seq, ev, stage]
             return 1
         return conn.execute(item[2], item[3]).rowcount
 

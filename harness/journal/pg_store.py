@@ -34,7 +34,7 @@ from typing import Any, Callable, TypeVar
 
 from harness.journal import schema
 from harness.journal.errors import JournalError
-from harness.journal.schema import EVENT_INSERT, STAGE_ON_CONFLICT
+
 from harness.journal.store import (
     _DEFAULT_BUSY_TIMEOUT,
     _DEFAULT_STALE_AFTER,
@@ -243,17 +243,6 @@ class PostgresStore(Store):
                 raise self._translate(exc, action) from exc
             raise
         return result
-
-    # One statement, so one round trip: the event and its stage row.
-    _APPEND = (f"WITH ev AS ({EVENT_INSERT} RETURNING seq) "
-               "INSERT INTO stages (run_id, stage_id, parent_id, kind, status, level, first_seq, "
-               "updated_ts, stage) SELECT ?::text, ?::text, ?::text, ?::text, ?::text, "
-               "?::integer, ev.seq, ?::double precision, ?::text FROM ev " + STAGE_ON_CONFLICT)
-
-    def _append_event_in(self, conn: Any, event: tuple, stage: tuple) -> None:
-        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
-        conn.execute(self._APPEND, (*event, run_id, stage_id, stage[0], stage[1], to_status,
-                                    stage[2], ts, stage_json))
 
     def integrity_check(self, *, quick: bool = False) -> list[str]:
         """The server keeps its own data consistent; this checks that every table the schema

@@ -123,15 +123,6 @@ class Store(ABC):
     _heartbeats: list[Any]
     dialect: str = "sqlite"
 
-    def _append_event_in(self, conn: Any, event: tuple, stage: tuple) -> None:
-        """Inside an open transaction on ``conn``: insert one event (``EVENT_INSERT``'s
-        parameters) and upsert its stage row (``stage``: parent id, kind, level). A store may
-        do it in one statement (``PostgresStore`` does)."""
-        run_id, stage_id, _frm, to_status, ts, stage_json = event[:6]
-        seq = conn.execute(schema.EVENT_INSERT + " RETURNING seq", event).fetchone()[0]
-        conn.execute(schema.STAGE_UPSERT, (run_id, stage_id, stage[0], stage[1], to_status,
-                                           stage[2], seq, ts, stage_json))
-
     def _before_read(self) -> None:
         """Called before every read: a store that queues writes commits them here (the
         journal's write-behind queue, ``harness.journal.behind``), so a process reads what it
