@@ -79,7 +79,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     t0 = time.monotonic()
     if isinstance(query, str):
         query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
-    run = RunTree(opts, run_id=run_id, recorded=recorded, client=client)
+    run = RunTree(opts, run_id=run_id, recorded=recorded, client=client, adopt_head=not plain)
     if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
         opts.cancel.attach(run)
     if opts.budget.max_cost_usd is not None:
