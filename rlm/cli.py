@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import GROUP_TITLES, OPTIONS, REPLAY, RESUME, RUN
+# the command names of rlm.options (RUN, RESUME, REPLAY); the option registry itself is
+# imported where it is used, so `rlm run` can start its kernel before that import
+RUN, RESUME, REPLAY = "run", "resume", "replay"
 
 EXIT_CODES = """exit codes:
   0    the run completed with an answer
@@ -50,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     next to the command's own flags, in registry order. Every flag defaults to None ("not
     given"); the run applies the defaults, so a parsed namespace says what the user typed.
     """
+    from .options import GROUP_TITLES, OPTIONS
     groups: dict[str, Any] = {}
     for opt in OPTIONS:
         if opt.flag is None or command not in opt.commands:
@@ -81,6 +84,7 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
         {keyword name: value} for every registry flag that was given (a :class:`~rlm.options.Switch` wins
         over its option's own flag; empty values of ``empty_is_unset`` options are dropped).
     """
+    from .options import OPTIONS
     out: dict[str, Any] = {}
     for opt in OPTIONS:
         if opt.flag is None or command not in opt.commands:
