@@ -32,15 +32,77 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-
-from jupyter_client import KernelManager
+from typing import TYPE_CHECKING
 
 from harness.text import clean_text
 from kernels import sandbox
 from kernels.protocol import BOOT_CODE
 from kernels.secrets import kernel_env
 
+if TYPE_CHECKING:  # jupyter_client takes ~0.2 s to import: only when a kernel starts
+    from jupyter_client import KernelManager
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class StartGate:
+    """Bounds how many kernels of this process start at once.
+
+    A cold start is CPU-bound (the new kernel imports ipykernel): more starts at once than the
+    machine has cores only slow every one of them down. :meth:`Kernel.start` holds a place from
+    launching the process until the kernel answers.
+
+    Args:
+        limit: starts at once (int >= 1); default ``os.cpu_count()`` (at least 1).
+
+    Attributes:
+        active: starts in progress now (int). peak: the most ever in progress at once (int).
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = max(1, int(limit if limit is not None else (os.cpu_count() or 1)))
+        self.active = 0
+        self.peak = 0
+        self._cv = threading.Condition()
+
+    def enter(self, wait: bool = True) -> bool:
+        """Take a place (waiting for one when ``wait``); returns whether it got one. The place
+        may be given back by another thread (:meth:`leave`)."""
+        with self._cv:
+            while self.active >= self.limit:
+                if not wait:
+                    return False
+                self._cv.wait()
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        return True
+
+    def leave(self) -> None:
+        """Give a place back."""
+        with self._cv:
+            self.active -= 1
+            self._cv.notify()
+
+    def __enter__(self) -> "StartGate":
+        self.enter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
+
+
+#: The process-wide gate every kernel start passes (see :class:`StartGate`).
+START_GATE = StartGate()
+
+
+def _kernel_spec():
+    """The kernel spec of ipykernel under this interpreter, built here: resolving the installed
+    ``python3`` spec searches the Jupyter paths and imports IPython (~0.15 s) for an argv that
+    is replaced anyway."""
+    from jupyter_client.kernelspec import KernelSpec
+    return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                      display_name="Python 3 (ipykernel)", language="python",
+                      interrupt_mode="signal")
 
 
 @dataclass
@@ -95,12 +157,15 @@ class Kernel:
         self.tag = ""
         self._lock = threading.Lock()
         self._closed = False
+        self._launched: KernelManager | None = None  # the process is up, not yet answering
+        self._launch_lock = threading.Lock()
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> "Kernel":
         """Start the kernel process and wait until it answers (about 0.6 s cold here).
 
-        Returns ``self``.
+        The start holds a place in :data:`START_GATE` (waiting for one first when as many
+        kernels as the machine has cores are starting). Returns ``self``.
 
         Raises:
             RuntimeError: the kernel did not answer within ``start_timeout`` s (it is
@@ -108,12 +173,21 @@ class Kernel:
                 :meth:`shutdown` was called while it was starting.
             kernels.sandbox.KernelUserError: ``RLM_KERNEL_USER`` is unusable.
         """
+        with START_GATE:
+            return self._ready(self._launch())
+
+    def _launch(self) -> "KernelManager":
+        """Launch the kernel's process (the caller holds a place in the gate); returns its
+        manager. Raises RuntimeError when shut down before, KernelUserError as :meth:`start`."""
+        if self._closed:  # shut down while it waited for its place
+            raise RuntimeError("kernel was shut down while starting")
+        from jupyter_client import KernelManager
         self.identity = sandbox.kernel_identity()
         km = KernelManager(kernel_name="python3", transport="ipc")
         km.ip = os.path.join(self.workdir, ".k")
         km.connection_file = os.path.join(self.workdir, "kernel.json")
-        km.kernel_spec  # resolve now; the native spec uses this interpreter
-        argv = [sys.executable, *km.kernel_spec.argv[1:]]
+        km._kernel_spec = _kernel_spec()
+        argv = list(km.kernel_spec.argv)
         if sandbox.supervisor_available():
             argv = sandbox.supervised_argv(argv, workdir=self.workdir,
                                            connection_file=km.connection_file,
@@ -122,10 +196,18 @@ class Kernel:
         quiet = {} if os.environ.get("RLM_DEBUG") else {"stdout": subprocess.DEVNULL,
                                                          "stderr": subprocess.DEVNULL}
         self.tag = secrets.token_hex(8)
-        km.start_kernel(env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
-                        extra_arguments=[f"--IPKernelApp.exec_lines={BOOT_CODE}",
-                                         "--HistoryManager.enabled=False",
-                                         "--IPKernelApp.log_level=CRITICAL"], **quiet)
+        with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
+            if self._closed:
+                raise RuntimeError("kernel was shut down while starting")
+            km.start_kernel(env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
+                            extra_arguments=[f"--IPKernelApp.exec_lines={BOOT_CODE}",
+                                             "--HistoryManager.enabled=False",
+                                             "--IPKernelApp.log_level=CRITICAL"], **quiet)
+            self._launched = km  # from now on shutdown() ends the process at once
+        return km
+
+    def _ready(self, km: "KernelManager") -> "Kernel":
+        """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
         kc = km.blocking_client()
         kc.start_channels()
         try:
@@ -133,6 +215,8 @@ class Kernel:
         except RuntimeError:
             kc.stop_channels()
             _stop(km, self.tag)
+            if self._closed:
+                raise RuntimeError("kernel was shut down while starting") from None
             why = self._start_error()
             raise RuntimeError(f"the Jupyter kernel did not start within {self.start_timeout:g} s"
                                + (f": {why}" if why else ""))
@@ -192,11 +276,24 @@ class Kernel:
             self.km.interrupt_kernel()
 
     def shutdown(self) -> None:
-        """Kill the kernel at once (SIGKILL) and clean up its files. Idempotent."""
+        """Kill the kernel at once (SIGKILL) and clean up its files. Idempotent.
+
+        A kernel still starting is killed at once, without waiting for it to answer (its
+        :meth:`start`, on another thread, then raises); one not launched yet never is. When
+        this returns, no process of this kernel is left.
+        """
         with self._lock:
             self._closed = True
             km, kc = self.km, self.kc
             self.km = self.kc = None
+        if km is None:
+            with self._launch_lock:
+                launched, self._launched = self._launched, None
+            if launched is not None:
+                _stop(launched, self.tag)
+                if self._own_dir:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+                return
         if kc is not None:
             try:
                 kc.stop_channels()
@@ -350,51 +447,169 @@ def _stop(km: KernelManager, tag: str) -> None:
         pass
 
 
+class Pending:
+    """A kernel starting on a daemon thread of its own, from the moment this is made.
+
+    Args:
+        kernel: the (not yet started) :class:`Kernel`; a new one when None.
+
+    Attributes:
+        kernel: the kernel. done: an Event set once :meth:`Kernel.start` returned or raised.
+        error: the exception the start raised (None: started, or not done yet).
+    """
+
+    def __init__(self, kernel: Kernel | None = None, launch_here: bool = False) -> None:
+        self.kernel = kernel or Kernel()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        km = None
+        if launch_here and START_GATE.enter(wait=False):
+            # launch the process on the caller's thread, before its next imports: ~0.15 s
+            # earlier than a thread sharing the interpreter with them would
+            try:
+                km = self.kernel._launch()
+            except BaseException as exc:
+                START_GATE.leave()
+                self.error = exc
+                self.done.set()
+                return
+        threading.Thread(target=self._run, args=(km,), daemon=True,
+                         name="rlm-kernel-start").start()
+
+    def _run(self, km: "KernelManager | None") -> None:
+        try:
+            if km is None:
+                self.kernel.start()
+            else:
+                try:
+                    self.kernel._ready(km)
+                finally:
+                    START_GATE.leave()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+_head: Pending | None = None
+_head_lock = threading.Lock()
+
+
+def head_start() -> Pending:
+    """Start one kernel now, before the run that needs it exists (no-op if one is pending).
+
+    A process that is about to run an RLM calls this as early as it can: the kernel's
+    process is launched before this returns (when a start place is free, else on a thread),
+    and its cold start (~0.6 s, in its own process) then overlaps the host's own imports and
+    set-up. The
+    next :class:`KernelPool` made with ``head=take_head_start()`` adopts it; one nobody adopts
+    is shut down by :func:`drop_head_start` (or when this process exits: its supervisor sees
+    the host gone). Hides the start-up secrets first
+    (:func:`kernels.secrets.hide_startup_secrets`), as every kernel start must.
+
+    Returns:
+        the :class:`Pending` start (its errors surface in the pool that adopts it).
+    """
+    global _head
+    from kernels.secrets import hide_startup_secrets
+    hide_startup_secrets()
+    with _head_lock:
+        if _head is None:
+            _head = Pending(launch_here=True)
+        return _head
+
+
+def take_head_start() -> Pending | None:
+    """The kernel :func:`head_start` started and nobody took yet (None if none); the caller
+    owns it from now on."""
+    global _head
+    with _head_lock:
+        head, _head = _head, None
+    return head
+
+
+def drop_head_start() -> None:
+    """Shut down the kernel :func:`head_start` started, if nobody took it. Never blocks: a
+    kernel still starting stops once it is up. Never raises."""
+    head = take_head_start()
+    if head is not None:
+        head.kernel.shutdown()
+
+
 class KernelPool:
     """Pre-started clean kernels, so an RLM (a child especially) starts in milliseconds.
 
     A kernel leaves the pool once and is never returned: it is shut down when
     its RLM instance ends, so no state is ever shared between instances. The
-    pool refills in a background thread. ``size=0`` keeps no idle kernels
-    (every :meth:`acquire` is a cold start).
+    pool refills in background threads, each start through :data:`START_GATE` (so no more
+    kernels start at once than the machine has cores). ``size=0`` keeps no idle kernels.
+
+    :meth:`acquire` takes a ready kernel; when none is ready but one is starting (and no
+    other caller waits for it) it waits for the first one ready; only otherwise does it start
+    one cold. :attr:`started` counts every kernel the pool started, including the ones it shut
+    down unused.
 
     Args:
         size: idle kernels to keep ready (int >= 0).
+        head: a kernel already starting (:func:`take_head_start`) to adopt: it counts
+            towards ``size`` and in :attr:`started`.
     """
 
-    def __init__(self, size: int = 0) -> None:
+    def __init__(self, size: int = 0, head: Pending | None = None) -> None:
         self.size = max(0, int(size))
-        self._ready: queue.Queue[Kernel] = queue.Queue()
+        self._ready: list[Kernel] = []
         self._lock = threading.Lock()
-        self._starting = 0
+        self._cv = threading.Condition(self._lock)
+        self._starting = 0  # kernels starting for the pool (not cold ones)
+        self._waiting = 0  # acquire() calls waiting for one of them
         self._closed = False
-        self.started = 0  # kernels started over the pool's life (cold ones included)
+        #: kernels started over the pool's life: pool, adopted and cold ones, used or not (int)
+        self.started = 0
         self._live: set[Kernel] = set()
+        self._stopping: list[threading.Thread] = []  # release()d kernels being shut down
+        if head is not None:
+            with self._lock:
+                self._starting += 1
+                self.started += 1
+                self._live.add(head.kernel)
+            threading.Thread(target=self._adopt, args=(head,), daemon=True,
+                             name="rlm-pool").start()
         self._fill()
 
     def _fill(self) -> None:
         with self._lock:
             if self._closed:
                 return
-            need = self.size - self._ready.qsize() - self._starting
-            self._starting += max(need, 0)
-        for _ in range(max(need, 0)):
-            threading.Thread(target=self._start_one, daemon=True, name="rlm-pool").start()
+            need = max(0, self.size - len(self._ready) - (self._starting - self._waiting))
+            self._starting += need
+            self.started += need
+            kernels = [Kernel() for _ in range(need)]
+            self._live.update(kernels)
+        for k in kernels:
+            threading.Thread(target=self._start_one, args=(k,), daemon=True,
+                             name="rlm-pool").start()
 
-    def _start_one(self) -> None:
+    def _start_one(self, k: Kernel) -> None:
         try:
-            k = self._new()
+            k.start()
         except Exception:
-            with self._lock:
-                self._starting -= 1
+            self._started_one(k, ok=False)
             return
-        with self._lock:
+        self._started_one(k, ok=True)
+
+    def _adopt(self, head: Pending) -> None:
+        head.done.wait()
+        self._started_one(head.kernel, ok=head.error is None)
+
+    def _started_one(self, k: Kernel, ok: bool) -> None:
+        with self._cv:
             self._starting -= 1
-            closed = self._closed
-        if closed:
+            keep = ok and not self._closed
+            if keep:
+                self._ready.append(k)
+            self._cv.notify_all()  # a waiter takes it, or (a failed start) starts its own
+        if not keep:
             self._drop(k)
-        else:
-            self._ready.put(k)
 
     def _new(self) -> Kernel:
         k = Kernel()
@@ -412,39 +627,71 @@ class KernelPool:
             self._live.discard(k)
         k.shutdown()
 
-    def acquire(self) -> Kernel:
-        """A started kernel that no RLM has used: from the pool if one is ready, else cold.
+    def _take(self) -> Kernel | None:
+        """A ready kernel that is alive, waiting for a starting one if no other caller
+        waits for it; None when a cold start is the way (nothing ready or claimable)."""
+        with self._cv:
+            claimed = False
+            try:
+                while True:
+                    while self._ready:
+                        k = self._ready.pop(0)
+                        if k.is_alive():
+                            return k
+                        self._live.discard(k)
+                        threading.Thread(target=k.shutdown, daemon=True).start()
+                    if self._closed:
+                        return None
+                    if not claimed:
+                        if self._starting <= self._waiting:
+                            return None  # every starting kernel is someone else's
+                        claimed = True
+                        self._waiting += 1
+                    elif self._starting < self._waiting:
+                        return None  # a start failed: not enough left for every waiter
+                    self._cv.wait(0.5)
+            finally:
+                if claimed:
+                    self._waiting -= 1
 
+    def acquire(self) -> Kernel:
+        """A started kernel that no RLM has used: a ready pool kernel; else the first pool
+        kernel to be ready if one is starting for no other caller; else a cold start.
+
+        Returns:
+            the :class:`Kernel` (the caller gives it back with :meth:`release`).
         Raises:
             RuntimeError: a cold start failed (see :meth:`Kernel.start`).
         """
-        k = None
-        while True:
-            try:
-                k = self._ready.get_nowait()
-            except queue.Empty:
-                k = None
-                break
-            if k.is_alive():
-                break
-            self._drop(k)
+        k = self._take()
         if k is None:
             k = self._new()
         self._fill()
         return k
 
     def release(self, k: Kernel) -> None:
-        """Shut ``k`` down (kernels are never reused). Never raises."""
-        self._drop(k)
+        """Shut ``k`` down (kernels are never reused), on a thread of its own: the caller
+        does not wait for the kernel's processes to be gone (about 10-50 ms); :meth:`close`
+        does. Never raises."""
+        with self._lock:
+            self._live.discard(k)
+            self._stopping = [t for t in self._stopping if t.is_alive()]
+            t = threading.Thread(target=k.shutdown, daemon=True, name="rlm-kernel-stop")
+            self._stopping.append(t)
+        t.start()
 
     def close(self) -> None:
-        """Shut down every kernel this pool started that is still alive. Idempotent."""
-        with self._lock:
+        """Shut down every kernel this pool started (a kernel still starting is killed, not
+        waited for), all at once; returns when every one is gone, the ones :meth:`release`
+        is stopping included. Idempotent."""
+        with self._cv:
             self._closed = True
             live = list(self._live)
             self._live.clear()
+            stopping, self._stopping = self._stopping, []
+            self._cv.notify_all()
         threads = [threading.Thread(target=k.shutdown, daemon=True) for k in live]
         for t in threads:
             t.start()
-        for t in threads:
+        for t in threads + stopping:
             t.join(timeout=10)

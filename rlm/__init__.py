@@ -2,18 +2,59 @@
 
 Public API: :func:`completion`, :func:`plain_completion`, :func:`acompletion`, :class:`RLM`,
 :class:`AsyncRLM`, :class:`Result`, and the errors in :mod:`rlm.errors`. The CLI is ``rlm`` (see ``rlm --help``).
-"""
-from harness.budget import Budget
-from harness.errors import BudgetExceeded
 
-from .aio import AsyncRLM, acompletion
-from .api import RLM, Result, completion, plain_completion
-from .errors import (ChildRLMError, ConfigError, ContextError, DivergenceError,
-                     EmbeddedModelUnavailable, EndpointError, KernelError, ModelReplyError,
-                     RLMError, RunActiveError)
+Names are imported on first use (``import rlm`` itself is cheap): a run's set-up then
+overlaps the cold start of its first kernel, which :func:`completion` begins before anything
+heavy is imported.
+"""
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["completion", "plain_completion", "acompletion", "RLM", "AsyncRLM", "Result", "Budget", "BudgetExceeded",
            "RLMError", "ConfigError",
            "ContextError", "EndpointError", "ModelReplyError", "KernelError", "ChildRLMError",
            "DivergenceError", "RunActiveError", "EmbeddedModelUnavailable"]
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
+         "acompletion": "rlm.aio", "AsyncRLM": "rlm.aio",
+         "Budget": "harness.budget", "BudgetExceeded": "harness.errors",
+         **{name: "rlm.errors" for name in (
+             "RLMError", "ConfigError", "ContextError", "EndpointError", "ModelReplyError",
+             "KernelError", "ChildRLMError", "DivergenceError", "RunActiveError",
+             "EmbeddedModelUnavailable")}}
+
+
+def completion(context: Any, query: str | None = None, **options: Any):
+    """Run one RLM: ``context`` (str/list/dict, or ``Path``/paths/``"-"``), optional ``query``.
+
+    Same options as :class:`RLM`; returns a :class:`Result`. An embedded model server started
+    for this call is stopped before it returns. See :meth:`RLM.completion` for errors.
+
+    The root's kernel starts first thing (:func:`kernels.kernel.head_start`), so its cold
+    start (~0.6 s) overlaps the imports and the set-up of the run; if the run needs no kernel
+    after all (a recorded result, bad options) it is shut down.
+    """
+    from kernels.kernel import drop_head_start, head_start
+    head_start()
+    try:
+        from .api import completion as run
+        return run(context, query, **options)
+    finally:
+        drop_head_start()  # only one the run did not take
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlm' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -128,6 +128,17 @@ class RLM:
         return self._run(prompt, None, overrides, plain=True)
 
     def _run(self, context: Any, query: str | None, overrides: dict, *, plain: bool) -> Result:
+        if plain:
+            return self._run_now(context, query, overrides, plain=True)
+        from kernels.kernel import drop_head_start, head_start
+        head_start()  # the root's kernel starts now, overlapping the set-up below
+        try:
+            return self._run_now(context, query, overrides, plain=False)
+        finally:
+            drop_head_start()  # only one the run did not take (a recorded result, an error)
+
+    def _run_now(self, context: Any, query: str | None, overrides: dict, *,
+                 plain: bool) -> Result:
         check_names(overrides)
         o = normalize_options({**self.options, **overrides})  # answer_schema -> a JSON Schema
         validate_options(o)

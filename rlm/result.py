@@ -26,7 +26,8 @@ class Result:
         cap: the budget cap that ended it (``cost``, ``tokens``, ``calls``, ``wall``...).
         stages: stage counts by kind (iteration, cell, llm_query, child, fallback...).
         max_level: deepest level reached (int; root = 0).
-        kernels_started: kernels started for this run (int).
+        kernels_started: kernels started for this run (int): the ones its loops used and the
+            pool's idle ones shut down unused.
         seconds: wall time of the run (s).
         replayed_calls: model calls served from the journal (not sent, not charged).
         tree: the :class:`harness.stages.StageTree` (not in :meth:`to_dict`).

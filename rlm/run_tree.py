@@ -40,7 +40,7 @@ from harness.replay import Replay
 from harness.stages import Kind, StageScope, StageTree
 from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
-from kernels.kernel import Kernel, KernelPool
+from kernels.kernel import Kernel, KernelPool, take_head_start
 
 from .clients import Completion, ModelClient
 from .errors import EndpointError, RLMError
@@ -59,10 +59,13 @@ class RunTree:
         recorded: a :class:`harness.replay.Replay` serving recorded calls (resume or replay),
             or None for a fresh run.
         client: a model client to use instead of one built from ``options`` (tests, benches).
+        adopt_head: take the kernel started ahead of the run (:func:`kernels.kernel.head_start`)
+            into the pool, for the root (False for a run with no kernel: a plain completion).
     """
 
     def __init__(self, options: Options, run_id: str | None = None,
-                 recorded: Replay | None = None, client: ModelClient | None = None) -> None:
+                 recorded: Replay | None = None, client: ModelClient | None = None,
+                 adopt_head: bool = True) -> None:
         self.opts = options
         # before any kernel starts: no kernel may read the key from this process's /proc files
         from kernels.secrets import hide_startup_secrets
@@ -90,7 +93,9 @@ class RunTree:
         pool_size = options.pool_size
         if pool_size is None:
             pool_size = 0 if options.budget.max_depth <= 1 else 2
-        self.pool = KernelPool(pool_size)
+        # the kernel a caller started ahead of the run (kernels.kernel.head_start), if any: the
+        # root takes it, so its cold start overlaps the host's set-up
+        self.pool = KernelPool(pool_size, head=take_head_start() if adopt_head else None)
         self.bridge = BridgeServer(self._handle)
         # children run in max_concurrency slots; plain items on as many threads
         self.scheduler = Scheduler(slots=options.budget.max_concurrency,
@@ -107,7 +112,6 @@ class RunTree:
         self.fatal: HarnessError | RLMError | None = None  # a divergence ends the whole run
         self._probe_cv = threading.Condition()
         self._probing: set[str] = set()  # models whose first call is in flight
-        self.kernels_started = 0
         self._lock = threading.Lock()
         self.loops: list[Any] = []
 
@@ -358,20 +362,23 @@ class RunTree:
                               self.accountant.elapsed())
 
     # kernels and the bridge ---------------------------------------------------------
+    @property
+    def kernels_started(self) -> int:
+        """Kernels started for this run so far (int): every one the pool started, used or
+        shut down unused, the one adopted from a head start included."""
+        return self.pool.started
+
     def acquire_kernel(self) -> Kernel:
-        """A started kernel from the pool (counted in ``kernels_started``).
+        """A started kernel from the pool (see :meth:`kernels.kernel.KernelPool.acquire`).
 
         Raises:
             KernelError: no kernel could be started.
         """
         try:
-            k = self.pool.acquire()
+            return self.pool.acquire()
         except RuntimeError as exc:  # could not start (the message says why)
             from .errors import KernelError
             raise KernelError(str(exc)) from None
-        with self._lock:
-            self.kernels_started += 1
-        return k
 
     def spawn(self, fn: Callable[[], Any]) -> Task:
         """Run ``fn()`` now on a daemon thread of its own (a kernel start overlapping the first

@@ -1,0 +1,179 @@
+"""The kernel pool: waiting for a kernel already starting, starts bounded by the machine's cores,
+and every kernel started counted (issue 10, item 3).
+
+Real kernels, real processes; the run-level test drives the real ``openai`` client against the
+scripted HTTP server.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+import kernels.kernel as kk
+import rlm
+from conftest import repl, script
+from kernels.kernel import KernelPool, Pending, StartGate
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """A fresh process-wide start gate (so its ``peak`` is this test's), limit: cores."""
+    g = StartGate()
+    monkeypatch.setattr(kk, "START_GATE", g)
+    return g
+
+
+def _kernel_processes() -> list[psutil.Process]:
+    """Live (not zombie) ipykernel processes below this test process."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "ipykernel" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_gate_limit_defaults_to_the_cores():
+    assert StartGate().limit == max(1, os.cpu_count() or 1)
+    assert StartGate(0).limit == 1
+
+
+def test_acquire_waits_for_the_kernel_already_starting(gate):
+    pool = KernelPool(1)
+    try:
+        [first] = list(pool._live)  # the one kernel the pool is starting
+        t0 = time.monotonic()
+        k = pool.acquire()
+        # it got the kernel that was starting, not a cold one started next to it
+        assert k is first
+        assert k.is_alive()
+        assert gate.peak == 1, "a second kernel started while the pool's was starting"
+        # the pool refills in the background: that start is counted at once
+        assert pool.started == 2
+        out, _ = k.execute("print(6 * 7)", timeout=30)
+        assert out.output.strip() == "42"
+        assert time.monotonic() - t0 < 60
+    finally:
+        pool.close()
+    assert _kernel_processes() == []  # none left once close() returned
+
+
+def test_acquire_takes_an_adopted_head_start(gate):
+    head = Pending()
+    pool = KernelPool(0, head=head)
+    try:
+        k = pool.acquire()
+        assert k is head.kernel and k.is_alive()
+        assert pool.started == 1  # the adopted kernel; no cold start, no refill (size 0)
+        # with nothing starting any more, the next acquire is a cold start
+        k2 = pool.acquire()
+        assert k2 is not k and k2.is_alive()
+        assert pool.started == 2
+    finally:
+        pool.close()
+    assert _kernel_processes() == []  # none left once close() returned
+
+
+def test_concurrent_acquires_share_out_the_starting_kernels(gate):
+    pool = KernelPool(2)
+    got: list = []
+    errors: list = []
+
+    def take():
+        try:
+            got.append(pool.acquire())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=take) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors
+        assert len({id(k) for k in got}) == 3 and all(k.is_alive() for k in got)
+        assert gate.peak <= gate.limit
+    finally:
+        pool.close()
+    assert _kernel_processes() == []  # none left once close() returned
+
+
+def test_no_more_kernels_start_at_once_than_the_gate_allows(monkeypatch):
+    g = StartGate(1)
+    monkeypatch.setattr(kk, "START_GATE", g)
+    pool = KernelPool(3)
+    try:
+        deadline = time.monotonic() + 120
+        while len(pool._ready) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._ready) == 3, "the pool did not fill"
+        assert g.peak == 1  # three starts, one after another
+        assert pool.started == 3
+    finally:
+        pool.close()
+    assert _kernel_processes() == []  # none left once close() returned
+
+
+def test_starts_at_run_start_are_bounded_by_the_cores(gate):
+    # four idle kernels wanted at once: never more starting together than the machine has cores
+    pool = KernelPool(4)
+    try:
+        deadline = time.monotonic() + 180
+        while len(pool._ready) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._ready) == 4
+        assert 1 <= gate.peak <= max(1, os.cpu_count() or 1)
+    finally:
+        pool.close()
+    assert _kernel_processes() == []  # none left once close() returned
+
+
+def test_shutdown_of_a_starting_kernel_does_not_wait_for_it(gate):
+    head = Pending()
+    deadline = time.monotonic() + 30
+    while head.kernel._launched is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert not head.done.is_set(), "the kernel answered before the test could stop it"
+    t0 = time.monotonic()
+    head.kernel.shutdown()
+    took = time.monotonic() - t0
+    assert _kernel_processes() == []  # gone when shutdown() returns
+    assert took < 0.5  # it was killed, not waited for until it answered
+    assert head.done.wait(30)
+    assert isinstance(head.error, RuntimeError) and "shut down while starting" in str(head.error)
+
+
+def test_kernels_started_counts_the_pool_kernels_shut_down_unused(api):
+    # a one-turn run with a pool of 2: the root's kernel, plus the two the pool keeps ready
+    # (one started with the root's, one refilled when the root took its), never used
+    res, _ = api(script([repl("FINAL('done')")]), max_depth=2, pool_size=2)
+    assert res.status == "completed" and res.answer == "done"
+    assert res.kernels_started == 3
+    assert _kernel_processes() == []  # and every one of them is gone once the run returned
+
+
+def test_kernels_started_without_a_pool_counts_only_the_root(api):
+    res, _ = api(script([repl("FINAL('done')")]))
+    assert res.status == "completed"
+    assert res.kernels_started == 1
+    assert _kernel_processes() == []
+
+
+def test_released_kernels_are_gone_once_close_returns(gate):
+    pool = KernelPool(0)
+    kernels = [pool.acquire() for _ in range(2)]
+    pids = [k.pid for k in kernels]
+    assert all(pids)
+    for k in kernels:
+        pool.release(k)  # returns without waiting for the kernel's processes
+    pool.close()
+    assert _kernel_processes() == []
+    for pid in pids:  # the supervisors too
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
