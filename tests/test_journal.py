@@ -1126,3 +1126,18 @@ def test_close_commits_the_queue(jpath, monkeypatch):
     assert _committed(jpath, "SELECT count(*) FROM events WHERE run_id='wb'") == [(3,)]
     with pytest.raises(JournalError, match="closed"):
         j.record_event(event("wb", stage("wb", "x", "pending"), None, "pending"), behind=True)
+
+
+def test_interpreter_exit_commits_the_queue(jpath):
+    # a script that queues records and ends without closing its journal
+    code = ("import harness.journal.behind as b; b.WRITE_BEHIND_SECONDS = 30.0\n"
+            "from harness.journal import Journal\n"
+            f"j = Journal({str(jpath)!r}); j.create_run('wb', query='q', model='m')\n"
+            "st = {'id': 'wb/x', 'parent_id': 'wb', 'kind': 'cell', 'level': 0, 'status': 'pending'}\n"
+            "j.record_event({'run_id': 'wb', 'stage': st, 'from': None, 'to': 'pending', "
+            "'ts': 1.0}, behind=True)\n"
+            "assert j.pending == 1\n")
+    r = subprocess.run([sys.executable, "-c", code], env=sub_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _committed(jpath, "SELECT stage_id FROM events WHERE run_id='wb'") == [("wb/x",)]

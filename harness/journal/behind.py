@@ -23,7 +23,8 @@ Two rules keep the journal's guarantees:
 2. **Nothing is lost silently.** A batch that fails to commit (disk full, locked too long) is
    put back at the head of the queue and retried; the next durable write raises the
    ``JournalError`` (so no call is sent that the journal could not reserve), and ``close()``
-   logs how many records could not be written.
+   logs how many records could not be written. The queue is committed at interpreter exit too
+   (``atexit``; the writer is a daemon thread).
 
 Group commit: the queue is committed by whichever writer comes first: a durable write (which
 takes the whole queue into its own transaction), a reader of this journal (which flushes first,
@@ -40,9 +41,11 @@ This module imports only the standard library and ``harness.journal``'s own modu
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from harness.journal import schema
@@ -82,6 +85,31 @@ class _Queue:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.warned = False
+
+
+_OPEN: "weakref.WeakSet[WriteBehind]" = weakref.WeakSet()
+_exit_lock = threading.Lock()
+_exit_pid: list[int] = []
+
+
+def _at_exit(journal: "WriteBehind") -> None:
+    """Commit ``journal``'s queue when the interpreter exits (its writer is a daemon thread,
+    which exit would stop mid-wait): registered once per process."""
+    with _exit_lock:
+        _OPEN.add(journal)
+        if _exit_pid != [os.getpid()]:
+            _exit_pid[:] = [os.getpid()]
+            atexit.register(_flush_all)
+
+
+def _flush_all() -> None:
+    for journal in list(_OPEN):
+        try:
+            if not journal.closed and journal.pending:
+                journal.flush()
+        except Exception as exc:  # noqa: BLE001 - exit goes on; say what was lost
+            log.error("journal %s: %d queued record(s) could not be written at exit: %s",
+                      journal.path, journal.pending, exc)
 
 
 class WriteBehind(Store):
@@ -133,6 +161,7 @@ class WriteBehind(Store):
                 q.thread = threading.Thread(target=self._writer, args=(q,), daemon=True,
                                             name="rlm-journal-writer")
                 q.thread.start()
+                _at_exit(self)
         q.wake.set()
 
     def _take(self, q: _Queue) -> list[tuple]:
