@@ -86,6 +86,7 @@ class ScriptedServer:
         self.requests: list[dict] = []
         self.usages: list[dict] = []
         self.call_ids: list[str | None] = []  # X-RLM-Call-Id of each request, in arrival order
+        self.auth: list[str | None] = []  # the Authorization header of each request
         self._lock = threading.Lock()
         self._closing = threading.Event()
         outer = self
@@ -107,6 +108,7 @@ class ScriptedServer:
                 with outer._lock:
                     outer.requests.append(req)
                     outer.call_ids.append(self.headers.get("X-RLM-Call-Id"))
+                    outer.auth.append(self.headers.get("Authorization"))
                 try:
                     # the responder also sees the call id header as "_call_id"
                     rep = outer.responder(dict(req, _call_id=self.headers.get("X-RLM-Call-Id")))

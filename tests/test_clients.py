@@ -37,6 +37,21 @@ class Flaky:
 # --------------------------------------------------------------------------- ModelClient
 
 
+def test_a_call_carries_the_key_the_call_id_and_the_parameters(scripted):
+    # the request goes out through the openai client's post(): auth and headers as create()'s
+    srv = scripted(lambda req: "hi")
+    c = ModelClient(srv.base_url, "sk-test-key")
+    comp = c.complete(MSGS, "gpt-4o", max_tokens=7, temperature=0.25, stop=["END"],
+                      call_id="run1/iteration-0/model_call-0", timeout=30)
+    assert comp.text == "hi"
+    assert srv.auth == ["Bearer sk-test-key"]
+    assert srv.call_ids == ["run1/iteration-0/model_call-0"]
+    req = srv.requests[0]
+    assert req["model"] == "gpt-4o" and req["messages"] == MSGS
+    assert req["max_tokens"] == 7 and req["temperature"] == 0.25 and req["stop"] == ["END"]
+    assert "timeout" not in req and "extra_headers" not in req  # options, not body fields
+
+
 def test_429_with_retry_after_is_retried_and_honoured(scripted):
     flaky = Flaky(2, Reply(status=429, content="slow down", headers={"Retry-After": "0.4"}), "hi")
     srv = scripted(flaky)
