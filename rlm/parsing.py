@@ -360,9 +360,19 @@ def reasoning_from_message(message) -> str:
         extra = message
     else:
         extra = dict(getattr(message, "model_extra", None) or {})
+        attrs = getattr(message, "__dict__", None)
         for name in REASONING_FIELDS:
-            v = getattr(message, name, None)
-            if v is not None and name not in extra:
+            if name in extra:
+                continue
+            if attrs is not None and name in attrs:
+                v = attrs[name]
+            elif attrs is None or hasattr(type(message), name):
+                v = getattr(message, name, None)
+            else:
+                # neither a field, an extra nor an attribute of the class: ``getattr`` would
+                # find nothing (a pydantic model raises, and catches, an AttributeError)
+                continue
+            if v is not None:
                 extra[name] = v
     parts: list[str] = []
     for name in REASONING_FIELDS:
