@@ -298,8 +298,10 @@ class ModelClient:
                     raise _openai().APITimeoutError(request=None)  # type: ignore[arg-type]
                 t = left if t is None else min(t, left)
             try:
-                client = self._client if t is None else self._client.with_options(timeout=t)
-                resp = self._create(client, kwargs, deadline)
+                # the attempt's timeout as a request option: ``with_options`` would copy the
+                # whole client (and its resource objects) on every attempt
+                resp = self._create(self._client,
+                                    kwargs if t is None else dict(kwargs, timeout=t), deadline)
             except Exception as exc:
                 attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
                                  "error": f"{type(exc).__name__}: {exc}"[:500]})
