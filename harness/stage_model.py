@@ -180,7 +180,12 @@ class Stage:
         )
 
     def _copy(self) -> "Stage":
-        return dataclasses.replace(self, meta=dict(self.meta))
+        # the same as ``dataclasses.replace(self, meta=dict(self.meta))``, without re-running
+        # ``__init__`` field by field (the tree hands out a copy on every change)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.meta = dict(self.meta)
+        return new
 
 
 @dataclass

@@ -90,14 +90,14 @@ class StageScope:
             fields["error"] = error
         if self.meta:
             fields["meta"] = self.meta
-        if self.tree.get(self.id).status.terminal:
+        if self.tree.status(self.id).terminal:
             # the run ended around this stage (cancelled at the wall cap or at shutdown):
             # terminal statuses are absorbing, so there is nothing left to record
             return False
         try:
             self.tree.transition(self.id, prior, status, **fields)
         except IllegalTransition:
-            if not self.tree.get(self.id).status.terminal:
+            if not self.tree.status(self.id).terminal:
                 raise
             # it became terminal between the check and the transition: the same case as above
         return False

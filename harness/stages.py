@@ -90,10 +90,13 @@ class StageTree:
             raise RuntimeError("a StageTree listener must not call back into the same tree")
         return self._lock
 
-    def _emit(self, event: dict, undo: Callable[[], dict]) -> None:
-        """Deliver ``event`` to every listener; on failure undo and compensate. Lock held."""
+    def _emit(self, make_event: Callable[[], dict], undo: Callable[[], dict]) -> None:
+        """Deliver the event ``make_event()`` builds to every listener; on failure undo and
+        compensate. Lock held. Without listeners nothing is built (a sub-call makes several
+        changes; each event would copy its stage)."""
         if not self._listeners:
             return
+        event = make_event()
         self._notifying = threading.get_ident()
         try:
             for i, listener in enumerate(self._listeners):
@@ -146,7 +149,8 @@ class StageTree:
             ValueError: bad kind/parent combination, negative level/ordinal, duplicate id.
             Exception: whatever a listener raised (the stage is then not created).
         """
-        kind = Kind(kind)
+        if type(kind) is not Kind:
+            kind = Kind(kind)
         if level < 0:
             raise ValueError(f"level must be >= 0, got {level}")
         if ordinal is not None and ordinal < 0:
@@ -194,7 +198,7 @@ class StageTree:
                         self._next_ordinal[key] = prev_next
                 return self._event("rollback", stage, Status.pending, None, self._clock())
 
-            self._emit(self._event("created", stage, None, Status.pending, now), undo)
+            self._emit(lambda: self._event("created", stage, None, Status.pending, now), undo)
             return stage._copy()
 
     def transition(self, stage_id: str, expected: Status | str, new: Status | str,
@@ -220,10 +224,12 @@ class StageTree:
             Exception: whatever a listener raised; the change is then rolled back (see module
                 docstring).
         """
-        expected = Status(expected)
-        new = Status(new)
-        bad = set(fields) - _SETTABLE
-        if bad:
+        if type(expected) is not Status:
+            expected = Status(expected)
+        if type(new) is not Status:
+            new = Status(new)
+        if fields and not _SETTABLE.issuperset(fields):
+            bad = set(fields) - _SETTABLE
             raise TypeError(f"transition() cannot set {sorted(bad)}; settable: {sorted(_SETTABLE)}")
         with self._locked():
             stage = self._stages.get(stage_id)
@@ -257,7 +263,7 @@ class StageTree:
                 stage.status = old_status
                 return self._event("rollback", stage, new, old_status, self._clock())
 
-            self._emit(self._event("transition", stage, old_status, new, now), undo)
+            self._emit(lambda: self._event("transition", stage, old_status, new, now), undo)
             return stage._copy()
 
     def add_usage(self, stage_id: str, prompt_tokens: int, completion_tokens: int,
@@ -291,8 +297,8 @@ class StageTree:
                  stage.cost_usd) = old
                 return self._event("rollback", stage, stage.status, stage.status, self._clock())
 
-            self._emit(self._event("usage", stage, stage.status, stage.status, self._clock()),
-                       undo)
+            self._emit(lambda: self._event("usage", stage, stage.status, stage.status,
+                                           self._clock()), undo)
             return stage._copy()
 
     def stage(self, parent_id: str | None = None, kind: Kind | str | None = None,
@@ -342,6 +348,16 @@ class StageTree:
         with self._locked():
             try:
                 return self._stages[stage_id]._copy()
+            except KeyError:
+                raise KeyError(f"unknown stage {stage_id!r}") from None
+
+    def status(self, stage_id: str) -> Status:
+        """The current :class:`Status` of the stage with this id (no copy of the stage is made).
+
+        Raises ``KeyError`` if unknown."""
+        with self._locked():
+            try:
+                return self._stages[stage_id].status
             except KeyError:
                 raise KeyError(f"unknown stage {stage_id!r}") from None
 

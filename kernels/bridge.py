@@ -199,6 +199,7 @@ class BridgeServer:
         try:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             peer_pid = _PEERCRED.unpack(creds)[0]
+            verified: set = set()  # (token, kernel pid) this connection's peer passed
             while True:
                 try:
                     req = recv_message(conn)
@@ -207,7 +208,7 @@ class BridgeServer:
                 else:
                     if req is None:
                         return
-                    reply = self._dispatch(peer_pid, req)
+                    reply = self._dispatch(peer_pid, req, verified)
                 send_message(conn, reply)
         except OSError:
             return
@@ -219,8 +220,14 @@ class BridgeServer:
             except OSError:
                 pass
 
-    def _dispatch(self, peer_pid: int, req: Any) -> dict:
+    def _dispatch(self, peer_pid: int, req: Any, verified: set | None = None) -> dict:
         """Authenticate one decoded request and run the handler; returns the reply dict.
+
+        ``verified`` (a set, one per connection) remembers the ``(token, kernel pid)`` pairs
+        whose peer check this connection's peer passed, so the check's ``/proc`` reads happen
+        once per connection, not once per request. The peer of a connection is fixed when it
+        connects, and a pair names one kernel process: a restarted kernel (new pid, see
+        :meth:`update_pid`) is checked again, a revoked token is refused as before.
 
         Never raises: a refused request, a :class:`BridgeError` and any other
         exception of the handler all become error replies.
@@ -229,8 +236,16 @@ class BridgeServer:
             token = req.get("token")
             with self._lock:
                 reg = self._regs.get(token) if isinstance(token, str) else None
-            if reg is None or not _ancestors(peer_pid, reg.pid):
+            if reg is None:
                 return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
+            key = (token, reg.pid)
+            if verified is None or key not in verified:
+                if not _ancestors(peer_pid, reg.pid):
+                    return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
+                if verified is not None:
+                    if len(verified) >= 8:
+                        verified.clear()
+                    verified.add(key)
             op, args = clean(str(req.get("op"))), clean(req.get("args") or {})
             bad = batch_args_error(op, args) if isinstance(args, dict) else "args must be an object"
             if bad:

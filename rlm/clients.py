@@ -321,8 +321,10 @@ class ModelClient:
                     raise _openai().APITimeoutError(request=None)  # type: ignore[arg-type]
                 t = left if t is None else min(t, left)
             try:
-                client = self._client if t is None else self._client.with_options(timeout=t)
-                resp = self._create(client, kwargs, deadline)
+                # the attempt's timeout as a request option: ``with_options`` would copy the
+                # whole client (and its resource objects) on every attempt
+                resp = self._create(self._client,
+                                    kwargs if t is None else dict(kwargs, timeout=t), deadline)
             except Exception as exc:
                 attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
                                  "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -352,14 +354,29 @@ class ModelClient:
             else:
                 time.sleep(seconds)
 
-        changed: set[str] = set()
-        while True:
+        def attempts_of(fn):
+            # the first attempt is made here, without building tenacity's machinery (most
+            # calls need one attempt); when it fails, tenacity takes over with that failure as
+            # its first attempt, so the retries, waits and stops are exactly tenacity's
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - handed to tenacity just below
+                first = [exc]
+
+            def replayed():
+                if first:
+                    raise first.pop()
+                return fn()
             retrying = Retrying(stop=stop_after_attempt(self.max_attempts) | past_deadline,
                                 wait=self._wait, sleep=sleep,
                                 retry=retry_if_exception(_transient), reraise=True)
+            return retrying(replayed)
+
+        changed: set[str] = set()
+        while True:
             try:
                 try:
-                    resp = retrying(once)
+                    resp = attempts_of(once)
                 except Exception as exc:
                     if deadline is not None and (stopped["deadline"]
                                                  or time.monotonic() + 0.05 >= deadline):
@@ -424,6 +441,8 @@ class ModelClient:
     # request parameters ----------------------------------------------------------------
     def _apply_learned(self, model: str, kwargs: dict) -> list[str]:
         """Apply the adaptations learned for ``model`` to ``kwargs``; returns them as text."""
+        if model not in self._learned:  # nothing learned for it (the usual case): no lock
+            return []
         with self._init_lock:
             learned = dict(self._learned.get(model, {}))
         out = []

@@ -166,7 +166,9 @@ class RunTree:
         messages = clean(messages)  # the text policy (harness.text): lone surrogates -> U+FFFD
         request = {"model": model, "messages": messages, "max_tokens": max_tokens,
                    "temperature": self.opts.temperature}
-        rh = request_hash(request)
+        # the hash keys the journal and a replay's lookup: not computed when neither is there
+        journaled = self.recorded is not None or self.opts.journal is not None
+        rh = request_hash(request) if journaled else None
         scope = scope or self.scope
         with self.tree.stage(parent, Kind.model_call, level, model=model, start=False) as st:
             if self.recorded is not None:
