@@ -278,3 +278,17 @@ def test_kernel_context_and_recorded_hash_match_the_text(scripted, tmp_path):
         with Journal(journal) as j:
             assert j.get_run(f"text-{i}")["options"]["context_sha256"] == want
 
+
+def test_kernel_reads_text_files_exactly(tmp_path):
+    """The kernel's reader (a memory map, or a plain read for what cannot be mapped): the
+    file's text exactly, an empty file as "", and bytes that are not UTF-8 refused."""
+    from kernels.runtime import load_context as kernel_load
+
+    text = "\ufeffBOM kept, crlf\r\nkept, \U0001f600\n" * 1000
+    (tmp_path / "t.txt").write_bytes(text.encode("utf-8"))
+    assert kernel_load(str(tmp_path / "t.txt"), "text") == text
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert kernel_load(str(tmp_path / "empty.txt"), "text") == ""
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(ValueError):
+        kernel_load(str(tmp_path / "bad.txt"), "text")
