@@ -82,6 +82,34 @@ class LoadedContext:
             return read_bundle(self.path)
         return self.value
 
+    def share(self, kernel: Any) -> str | None:
+        """The path ``kernel`` reads this context from (None: no file).
+
+        ``kernel.share_file(path, fmt, move)`` (:meth:`kernels.kernel.Kernel.share_file`) gives
+        a kernel running as another user its private copy. A temporary file of ours with the
+        value in memory is *moved* there rather than copied: the host never reads it again,
+        and a later call (a restarted kernel) first writes the file again from the value.
+
+        Raises:
+            OSError: the file could not be written, copied or moved.
+        """
+        if not self.path:
+            return None
+        movable = self.owned and self.fmt in ("text", "json") and self.value is not None
+        if movable and not os.path.exists(self.path):
+            self._rewrite()
+        return kernel.share_file(self.path, self.fmt, movable)
+
+    def _rewrite(self) -> None:
+        """Write :attr:`value` to :attr:`path` again (the same bytes as the first time)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        if self.fmt == "json":
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                json.dump(self.value, f, ensure_ascii=False)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.value.encode("utf-8"))  # clean: see _write_text
+
     def discard(self) -> None:
         """Remove the temporary files, if this context wrote any."""
         if self.owned and self.path:
