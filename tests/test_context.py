@@ -12,6 +12,7 @@ import pytest
 import rlm
 from conftest import API_KEY, MODEL, assert_clean_error, endpoint_args, repl, script
 from harness.journal import Journal
+from rlm import formats
 from rlm.context import describe, load_context
 
 # --------------------------------------------------------------------------- CLI: refused input
@@ -292,3 +293,13 @@ def test_kernel_reads_text_files_exactly(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
     with pytest.raises(ValueError):
         kernel_load(str(tmp_path / "bad.txt"), "text")
+
+
+def test_decoding_applies_the_text_policy_only_where_surrogates_can_come_from():
+    # strict UTF-8 never yields a surrogate (an encoded one is invalid), so UTF-8 text is not
+    # scanned again; a codec that can yield one (utf-7) gets the policy
+    with pytest.raises(rlm.ContextError, match="not valid utf-8"):
+        formats.decode(b"half \xed\xa0\xbd emoji", "<t>", "utf-8")
+    assert formats.decode("caf\u00e9 \U0001f600".encode(), "<t>", None) == (
+        "caf\u00e9 \U0001f600", None)
+    assert formats.decode(b"a +2D0- b", "<t>", "utf-7") == ("a \ufffd b", None)
