@@ -103,12 +103,9 @@ class LoadedContext:
     def _rewrite(self) -> None:
         """Write :attr:`value` to :attr:`path` again (the same bytes as the first time)."""
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        if self.fmt == "json":
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                json.dump(self.value, f, ensure_ascii=False)
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.value.encode("utf-8"))  # clean: see _write_text
+        text = json.dumps(self.value, ensure_ascii=False) if self.fmt == "json" else self.value
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))  # clean: see _write_text
 
     def discard(self) -> None:
         """Remove the temporary files, if this context wrote any."""
@@ -191,11 +188,12 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
     if isinstance(source, (list, dict)):
         if not source:
             raise ContextError(f"context is an empty {type(source).__name__}; give the data to work on")
-        try:
-            json.dumps(source)
+        try:  # before clean(): a circular value is refused here, not by a RecursionError
+            blob = json.dumps(source, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ContextError(f"context must be JSON-like (str, list, dict): {exc}") from None
-        return _write(clean(source), "json", "<value>", scratch_dir)
+        cleaned = clean(source)
+        return _write(cleaned, "json", "<value>", scratch_dir, blob if cleaned is source else None)
     if isinstance(source, bytes):
         _check_bytes(source, "<bytes>")
         raw = source
@@ -353,13 +351,22 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
     return LoadedContext(text, "text", path, True, source, _sha256=digest.hexdigest())
 
 
-def _write(value: Any, fmt: str, source: str, scratch_dir: str | None) -> LoadedContext:
+def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
+           blob: str | None = None) -> LoadedContext:
+    """Write a context to a temporary file for the kernel: text (:func:`_write_text`) or
+    JSON (``fmt`` ``"json"``; ``blob``: ``value`` already serialised, else it is here, in one
+    pass of the C encoder, and written with one ``write``).
+
+    Raises:
+        OSError: the file could not be written.
+    """
     if fmt == "text":
         return _write_text(value, source, scratch_dir)
     import tempfile
+    data = (json.dumps(value, ensure_ascii=False) if blob is None else blob).encode("utf-8")
     fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json", dir=scratch_dir)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        json.dump(value, f, ensure_ascii=False)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     return LoadedContext(value, fmt, path, True, source)
 
 
