@@ -262,6 +262,8 @@ def share_file(path: str, workdir: str, ident: Identity | None, *, move: bool = 
         os.rename(path, dest)
     except OSError:
         shutil.copyfile(path, dest)
+        if move:
+            os.unlink(path)
     _give(dest, ident)
     return dest
 

@@ -46,8 +46,10 @@ class LoadedContext:
         value: the context (str, list or dict); None for a ``bundle`` (read it with
             :meth:`read_value`: the host does not hold a many-file context).
         fmt: ``"text"``, ``"json"`` or ``"bundle"``: how the kernel reads ``path``.
-        path: a file the kernel can read the context from (may be the user's own file).
-        owned: True if ``path`` is a temporary file of ours (delete after binding).
+        path: a file the kernel can read the context from (may be the user's own file);
+            give it to a kernel with :meth:`share`.
+        owned: True if ``path`` is a temporary file of ours (delete after binding; moved to
+            a kernel that runs as another user, and written again when needed: :meth:`share`).
         source: where it came from (path, ``"-"`` for stdin, ``"<value>"``).
     """
 
@@ -64,6 +66,8 @@ class LoadedContext:
     extra_files: list = field(default_factory=list)
     #: how to load it again (many-file contexts): sources, include, exclude, max_bytes
     spec: dict | None = None
+    #: ``path`` was given away to a kernel (see :meth:`share`): the host has no file now
+    _given: bool = False
 
     @property
     def sha256(self) -> str:
@@ -96,21 +100,32 @@ class LoadedContext:
         if not self.path:
             return None
         movable = self.owned and self.fmt in ("text", "json") and self.value is not None
-        if movable and not os.path.exists(self.path):
+        if not movable:
+            return kernel.share_file(self.path, self.fmt)
+        if self._given:
             self._rewrite()
-        return kernel.share_file(self.path, self.fmt, movable)
+        dest = kernel.share_file(self.path, self.fmt, True)
+        if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
+            self._given = True
+        return dest
 
     def _rewrite(self) -> None:
-        """Write :attr:`value` to :attr:`path` again (the same bytes as the first time)."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        """Write :attr:`value` to a new temporary file (the same bytes as the first time),
+        next to the one given away, and make it :attr:`path`."""
+        import tempfile
         text = json.dumps(self.value, ensure_ascii=False) if self.fmt == "json" else self.value
+        data = text.encode("utf-8")  # clean: see _write_text
+        d, name = os.path.split(self.path)
+        fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=os.path.splitext(name)[1],
+                                    dir=d or None)
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))  # clean: see _write_text
+            f.write(data)
+        self.path, self._given = path, False
 
     def discard(self) -> None:
-        """Remove the temporary files, if this context wrote any."""
+        """Remove the temporary files, if this context wrote any (not one given to a kernel)."""
         if self.owned and self.path:
-            for p in [self.path, *self.extra_files]:
+            for p in [*([] if self._given else [self.path]), *self.extra_files]:
                 try:
                     os.unlink(p)
                 except OSError:
