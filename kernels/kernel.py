@@ -250,18 +250,19 @@ class Kernel:
         proc = getattr(prov, "process", None)
         return proc.pid if proc is not None else 0
 
-    def share_file(self, path: str, fmt: str = "text") -> str:
+    def share_file(self, path: str, fmt: str = "text", move: bool = False) -> str:
         """A path to ``path``'s content that this kernel can read (a private copy when it
-        runs as another user, see :func:`kernels.sandbox.share_file`); for a ``"bundle"``
-        (a many-file context's manifest), a manifest whose files it can read
-        (:func:`kernels.sandbox.share_bundle`).
+        runs as another user, see :func:`kernels.sandbox.share_file`; ``move``: the host's
+        temporary file, which it will not read again, is moved there instead of copied); for
+        a ``"bundle"`` (a many-file context's manifest), a manifest whose files it can read
+        (:func:`kernels.sandbox.share_bundle`; ``move`` is ignored).
 
         Raises:
             OSError: a copy could not be made.
         """
         if fmt == "bundle":
             return sandbox.share_bundle(path, self.workdir, self.identity)
-        return sandbox.share_file(path, self.workdir, self.identity)
+        return sandbox.share_file(path, self.workdir, self.identity, move=move)
 
     def is_alive(self) -> bool:
         """True if the kernel was started, not shut down, and its process still runs.

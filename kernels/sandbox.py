@@ -24,8 +24,9 @@ cannot switch users; asking it to is an error). An unprivileged kernel:
 
 * gets its working directory and its Jupyter connection file chowned to it, ``HOME`` set to
   its working directory, the bridge socket through group permission (:mod:`kernels.bridge`),
-  and a private copy of its context file (:meth:`kernels.kernel.Kernel.share_file`; a
-  many-file context: of the files it may not read itself, :func:`share_bundle`);
+  and a private copy of its context file (:meth:`kernels.kernel.Kernel.share_file`: the
+  host's own temporary file is moved rather than copied; a many-file context: of the files
+  it may not read itself, :func:`share_bundle`);
 * needs to reach the Python interpreter, the standard library, site-packages and this
   project. A directory on those paths that it may not enter (typically ``/root`` holding a
   pyenv interpreter) is covered, in a private mount namespace of the kernel only, by an
@@ -236,20 +237,33 @@ def kill_tagged(tag: str, rounds: int = 20) -> int:
     return killed
 
 
-def share_file(path: str, workdir: str, ident: Identity | None) -> str:
+def share_file(path: str, workdir: str, ident: Identity | None, *, move: bool = False) -> str:
     """A path to ``path``'s content that a kernel running as ``ident`` can read.
 
     ``path`` itself when the kernel runs as the host's user; else a private copy in the
     kernel's ``workdir``, owned by ``ident`` and readable only by it.
 
+    Args:
+        move: ``path`` is a temporary file of the host that the host will not read again:
+            it is moved into ``workdir`` rather than copied (no second write of a big
+            context; a copy when ``workdir`` is on another filesystem). Either way the kernel
+            gets the only file it can read and the host no file the kernel can write; after
+            a move ``path`` no longer exists. Ignored when the kernel runs as the host's user.
     Raises:
-        OSError: the copy could not be made.
+        OSError: the copy (or the move) could not be made.
     """
     if ident is None:
         return path
     base = os.path.basename(path)
     dest = os.path.join(workdir, f".ctx-{len(os.listdir(workdir))}-{base}")
-    shutil.copyfile(path, dest)
+    try:
+        if not move:
+            raise OSError("copy")
+        os.rename(path, dest)
+    except OSError:
+        shutil.copyfile(path, dest)
+        if move:
+            os.unlink(path)
     _give(dest, ident)
     return dest
 

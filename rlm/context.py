@@ -22,9 +22,11 @@ becomes U+FFFD in the context the kernel sees and in the context's hash, and the
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,10 @@ class LoadedContext:
         value: the context (str, list or dict); None for a ``bundle`` (read it with
             :meth:`read_value`: the host does not hold a many-file context).
         fmt: ``"text"``, ``"json"`` or ``"bundle"``: how the kernel reads ``path``.
-        path: a file the kernel can read the context from (may be the user's own file).
-        owned: True if ``path`` is a temporary file of ours (delete after binding).
+        path: a file the kernel can read the context from (may be the user's own file);
+            give it to a kernel with :meth:`share`.
+        owned: True if ``path`` is a temporary file of ours (delete after binding; moved to
+            a kernel that runs as another user, and written again when needed: :meth:`share`).
         source: where it came from (path, ``"-"`` for stdin, ``"<value>"``).
     """
 
@@ -62,12 +66,14 @@ class LoadedContext:
     extra_files: list = field(default_factory=list)
     #: how to load it again (many-file contexts): sources, include, exclude, max_bytes
     spec: dict | None = None
+    #: ``path`` was given away to a kernel (see :meth:`share`): the host has no file now
+    _given: bool = False
 
     @property
     def sha256(self) -> str:
-        """sha256 of the context (text as UTF-8, JSON canonicalised); computed once."""
+        """sha256 of the context (text as UTF-8, JSON canonicalised); computed once (a text
+        context written by the host is hashed while its file is written)."""
         if self._sha256 is None:
-            import hashlib
             blob = self.value if isinstance(self.value, str) else json.dumps(
                 self.value, sort_keys=True, ensure_ascii=False)
             self._sha256 = hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -80,18 +86,60 @@ class LoadedContext:
             return read_bundle(self.path)
         return self.value
 
+    def share(self, kernel: Any) -> str | None:
+        """The path ``kernel`` reads this context from (None: no file).
+
+        ``kernel.share_file(path, fmt, move)`` (:meth:`kernels.kernel.Kernel.share_file`) gives
+        a kernel running as another user its private copy. A temporary file of ours with the
+        value in memory is *moved* there rather than copied: the host never reads it again,
+        and a later call (a restarted kernel) first writes the file again from the value.
+
+        Raises:
+            OSError: the file could not be written, copied or moved.
+        """
+        if not self.path:
+            return None
+        movable = self.owned and self.fmt in ("text", "json") and self.value is not None
+        if not movable:
+            return kernel.share_file(self.path, self.fmt)
+        if self._given:
+            self._rewrite()
+        dest = kernel.share_file(self.path, self.fmt, True)
+        if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
+            self._given = True
+        return dest
+
+    def _rewrite(self) -> None:
+        """Write :attr:`value` to a new temporary file (the same bytes as the first time),
+        next to the one given away, and make it :attr:`path`."""
+        import tempfile
+        text = json.dumps(self.value, ensure_ascii=False) if self.fmt == "json" else self.value
+        data = text.encode("utf-8")  # clean: see _write_text
+        d, name = os.path.split(self.path)
+        fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=os.path.splitext(name)[1],
+                                    dir=d or None)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self.path, self._given = path, False
+
     def discard(self) -> None:
-        """Remove the temporary files, if this context wrote any."""
+        """Remove the temporary files, if this context wrote any (not one given to a kernel)."""
         if self.owned and self.path:
-            for p in [self.path, *self.extra_files]:
+            for p in [*([] if self._given else [self.path]), *self.extra_files]:
                 try:
                     os.unlink(p)
                 except OSError:
                     pass
 
 
+def _blank(text: str | bytes) -> bool:
+    """True if ``text`` is empty or only whitespace; stops at the first other character
+    (``strip()`` would copy a whole context that ends in a newline)."""
+    return not text or text.isspace()
+
+
 def _check_bytes(data: bytes, source: str) -> None:
-    if not data.strip():
+    if _blank(data):
         raise ContextError(f"context {source} is empty; give a file with the text to work on")
     if b"\x00" in data[:65536] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ContextError(f"context {source} looks binary (it contains NUL bytes); "
@@ -155,18 +203,25 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
     if isinstance(source, (list, dict)):
         if not source:
             raise ContextError(f"context is an empty {type(source).__name__}; give the data to work on")
-        try:
-            json.dumps(source)
+        try:  # before clean(): a circular value is refused here, not by a RecursionError
+            blob = json.dumps(source, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ContextError(f"context must be JSON-like (str, list, dict): {exc}") from None
-        return _write(clean(source), "json", "<value>", scratch_dir)
+        cleaned = clean(source)
+        return _write(cleaned, "json", "<value>", scratch_dir, blob if cleaned is source else None)
     if isinstance(source, bytes):
         _check_bytes(source, "<bytes>")
-        source, _ = _decode(source, "<bytes>", encoding)
-    if isinstance(source, str):
-        if not source.strip():
+        raw = source
+        source, detected = _decode(raw, "<bytes>", encoding)
+        if _blank(source):
             raise ContextError("context is empty; give the text to work on")
-        return _write(clean_text(source), "text", "<value>", scratch_dir)
+        # bytes read as UTF-8 (no BOM, no other encoding found) are the text's own encoding
+        same = _utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
+        return _write_text(source, "<value>", scratch_dir, raw if same else None)
+    if isinstance(source, str):
+        if _blank(source):
+            raise ContextError("context is empty; give the text to work on")
+        return _write_text(source, "<value>", scratch_dir)
     raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
 
 
@@ -200,7 +255,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         except OSError as exc:
             raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
         source, name = path, p.name
-    if not data.strip():
+    if _blank(data):
         _check_bytes(data, source)
     inner, comp = formats.split_suffixes(name)
     if comp:
@@ -222,12 +277,12 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         if not isinstance(value, (str, list, dict)):
             raise ContextError(f"context {source} holds a JSON {type(value).__name__}; a JSON "
                                "context must be a string, a list or an object")
-        if not value or (isinstance(value, str) and not value.strip()):
+        if not value or (isinstance(value, str) and _blank(value)):
             raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
                                "give the data to work on")
         cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
         if isinstance(cleaned, str):
-            return _write(cleaned, "text", source, scratch_dir)
+            return _write_text(cleaned, source, scratch_dir)
         if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
                 encoding.lower().replace("-", "") in ("utf8", "auto"):
             return LoadedContext(value, "json", os.path.abspath(path), False, source)
@@ -235,13 +290,16 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     conv = formats.convert(name, data, source, encoding)
     if conv.kind != "text" and not conv.value:
         raise ContextError(f"context {source} is empty (no {conv.kind}); give the data to work on")
-    if conv.kind == "text" and not conv.value.strip():
+    if conv.kind == "text" and _blank(conv.value):
         raise ContextError(f"context {source} is empty; give a file with the text to work on")
     if conv.kind == "text" and not conv.notes and path != "-" and not comp \
             and encoding.lower().replace("-", "") in ("utf8", "auto") \
             and not data.startswith(b"\xef\xbb\xbf"):
-        return LoadedContext(conv.value, "text", os.path.abspath(path), False, source)
-    ctx = _write(conv.value, "text" if conv.kind == "text" else "json", source, scratch_dir)
+        # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
+        return LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
+                             _sha256=hashlib.sha256(data).hexdigest())
+    ctx = (_write_text(conv.value, source, scratch_dir) if conv.kind == "text"
+           else _write(conv.value, "json", source, scratch_dir))
     if conv.notes or conv.kind != "text":
         what = {"records": "a list of JSON Lines records", "rows": "a list of row dicts "
                 "(column -> str)", "pages": "a list of page texts"}.get(conv.kind, "text")
@@ -251,15 +309,79 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     return ctx
 
 
-def _write(value: Any, fmt: str, source: str, scratch_dir: str | None) -> LoadedContext:
+def _utf8(encoding: str | None) -> bool:
+    """True if ``encoding`` (an ``encoding=`` option) means UTF-8 or detection (``auto``)."""
+    return encoding is None or encoding.lower().replace("-", "").replace("_", "") in (
+        "utf8", "auto", "")
+
+
+#: From this size (bytes) a text context is hashed in a second thread while it is written.
+_HASH_IN_THREAD = 1 << 20
+
+
+def _write_text(text: str, source: str, scratch_dir: str | None,
+                data: bytes | None = None) -> LoadedContext:
+    """Write a text context to a temporary file for the kernel, hashing it on the way.
+
+    The text is encoded to UTF-8 once; those bytes are written with one ``write`` and hashed
+    (sha256, in a second thread for big texts: both release the GIL) while they are written,
+    so the context is neither encoded nor scanned again for :attr:`LoadedContext.sha256`.
+    A text UTF-8 cannot encode (a lone surrogate) follows the text policy of
+    :mod:`harness.text` (U+FFFD in the file, the value and the hash); text without one is
+    kept as the very object given (no copy).
+
+    Args:
+        text: the context (str). data: its UTF-8 encoding, if the caller has it already
+            (bytes given by the user that decoded as UTF-8 without a BOM).
+    Raises:
+        OSError: the file could not be written (it is removed).
+    """
     import tempfile
-    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json" if fmt == "json" else ".txt",
-                                dir=scratch_dir)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        if fmt == "json":
-            json.dump(value, f, ensure_ascii=False)
-        else:
-            f.write(value)
+    if data is None:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = clean_text(text)
+            data = text.encode("utf-8")
+    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".txt", dir=scratch_dir)
+    digest = hashlib.sha256()
+    hasher = None
+    if len(data) >= _HASH_IN_THREAD:
+        hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
+        hasher.start()
+    else:
+        digest.update(data)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    finally:
+        if hasher is not None:
+            hasher.join()
+    return LoadedContext(text, "text", path, True, source, _sha256=digest.hexdigest())
+
+
+def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
+           blob: str | None = None) -> LoadedContext:
+    """Write a context to a temporary file for the kernel: text (:func:`_write_text`) or
+    JSON (``fmt`` ``"json"``; ``blob``: ``value`` already serialised, else it is here, in one
+    pass of the C encoder, and written with one ``write``).
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    if fmt == "text":
+        return _write_text(value, source, scratch_dir)
+    import tempfile
+    data = (json.dumps(value, ensure_ascii=False) if blob is None else blob).encode("utf-8")
+    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json", dir=scratch_dir)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     return LoadedContext(value, fmt, path, True, source)
 
 

@@ -128,6 +128,9 @@ def decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | N
         ContextError: an unknown ``encoding``, or bytes that do not decode with the given one.
     """
     text, detected = _decode_raw(data, source, encoding)
+    if detected is None and (encoding in (None, "", "auto") or
+                             encoding.lower().replace("-", "").replace("_", "") == "utf8"):
+        return text, None  # strict UTF-8 never decodes to a surrogate: no second scan
     return clean_text(text), detected
 
 

@@ -213,7 +213,7 @@ class RLMLoop:
             run.bridge.update_pid(self.reg.token, kernel.pid)
         # a kernel running as another user (root host) reads a private copy of the context
         # (a many-file context: of the files that user may not read)
-        path = kernel.share_file(self.context.path, self.context.fmt) if self.context.path else None
+        path = self.context.share(kernel)
         code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt)
         res, _ = kernel.execute(code, timeout=120)
         if res.error:

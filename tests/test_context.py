@@ -3,13 +3,16 @@ good ones reach the kernel as ``context`` exactly: text, latin-1 with ``--encodi
 ``.json`` as dict/list, and stdin with ``--context -``."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 import rlm
-from conftest import assert_clean_error, endpoint_args, repl, script
+from conftest import API_KEY, MODEL, assert_clean_error, endpoint_args, repl, script
+from harness.journal import Journal
+from rlm import formats
 from rlm.context import describe, load_context
 
 # --------------------------------------------------------------------------- CLI: refused input
@@ -206,3 +209,97 @@ def test_replay_of_a_latin1_run(cli, scripted, tmp_path):
     assert rp.rc == 0, rp.stderr
     assert rp.stdout.strip() == "café"
     assert srv.count == 1
+
+
+# --------------------------------------------------------------------------- the kernel's text and its hash
+
+#: (context given, the text the kernel must see): line endings, a BOM character, characters
+#: beyond the BMP, surrogates (the text policy), bytes (UTF-8, with a BOM, UTF-16)
+UNUSUAL_TEXTS = [
+    ("plain ascii\n", "plain ascii\n"),
+    ("crlf\r\nand a lone cr\rkept\r\n", "crlf\r\nand a lone cr\rkept\r\n"),
+    ("\ufeffa leading BOM character is text", "\ufeffa leading BOM character is text"),
+    ("non-BMP \U0001f600, latin é, cjk \u4e2d", "non-BMP \U0001f600, latin é, cjk \u4e2d"),
+    ("half an emoji \ud83d here", "half an emoji \ufffd here"),
+    ("a pair \ud83d\ude00 as two code points", "a pair \U0001f600 as two code points"),
+    (b"utf-8 bytes caf\xc3\xa9", "utf-8 bytes café"),
+    (b"\xef\xbb\xbfbytes with a BOM", "bytes with a BOM"),
+    (b"\xff\xfe" + "utf-16 \u4e2d".encode("utf-16-le"), "utf-16 \u4e2d"),
+]
+
+
+@pytest.mark.parametrize("value,text", UNUSUAL_TEXTS + [
+    # big enough to be hashed in a second thread while it is written
+    ("x" * (3 << 20) + "\u00e9\U0001f600\n", "x" * (3 << 20) + "\u00e9\U0001f600\n"),
+    ("y" * (2 << 20) + "\udc80", "y" * (2 << 20) + "\ufffd"),
+])
+def test_text_context_file_and_hash_are_its_utf8(value, text):
+    ctx = load_context(value)
+    try:
+        data = Path(ctx.path).read_bytes()
+        assert ctx.owned and ctx.fmt == "text"
+        assert ctx.value == text
+        assert data == text.encode("utf-8")
+        assert ctx.sha256 == hashlib.sha256(data).hexdigest()
+    finally:
+        ctx.discard()
+    assert not Path(ctx.path).exists()
+
+
+def test_text_context_without_surrogates_is_not_copied():
+    value = "a context " * 1000 + "\u4e2d"
+    ctx = load_context(value)
+    ctx.discard()
+    assert ctx.value is value
+
+
+def test_text_file_read_in_place_is_hashed_from_its_bytes(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes("in place, caf\u00e9\r\n".encode("utf-8"))
+    ctx = load_context(p)
+    assert not ctx.owned and ctx.path == str(p)
+    assert ctx.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+    assert ctx.sha256 == hashlib.sha256(ctx.value.encode("utf-8")).hexdigest()
+
+
+def test_kernel_context_and_recorded_hash_match_the_text(scripted, tmp_path):
+    """The kernel's ``context`` is exactly the text (after the text policy) and the run's
+    journal records the sha256 of that text's UTF-8 bytes, for every unusual text."""
+    code = ("import hashlib, json\n"
+            "FINAL(json.dumps([context, hashlib.sha256(context.encode('utf-8')).hexdigest()]))")
+    srv = scripted(lambda req: repl(code))
+    journal = str(tmp_path / "j.sqlite3")
+    for i, (value, text) in enumerate(UNUSUAL_TEXTS):
+        res = rlm.completion(value, "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                             journal=journal, run_id=f"text-{i}")
+        assert res.status == "completed", res.reason
+        seen, seen_hash = json.loads(res.answer)
+        want = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        assert seen == text and seen_hash == want
+        with Journal(journal) as j:
+            assert j.get_run(f"text-{i}")["options"]["context_sha256"] == want
+
+
+def test_kernel_reads_text_files_exactly(tmp_path):
+    """The kernel's reader (a memory map, or a plain read for what cannot be mapped): the
+    file's text exactly, an empty file as "", and bytes that are not UTF-8 refused."""
+    from kernels.runtime import load_context as kernel_load
+
+    text = "\ufeffBOM kept, crlf\r\nkept, \U0001f600\n" * 1000
+    (tmp_path / "t.txt").write_bytes(text.encode("utf-8"))
+    assert kernel_load(str(tmp_path / "t.txt"), "text") == text
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert kernel_load(str(tmp_path / "empty.txt"), "text") == ""
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(ValueError):
+        kernel_load(str(tmp_path / "bad.txt"), "text")
+
+
+def test_decoding_applies_the_text_policy_only_where_surrogates_can_come_from():
+    # strict UTF-8 never yields a surrogate (an encoded one is invalid), so UTF-8 text is not
+    # scanned again; a codec that can yield one (utf-7) gets the policy
+    with pytest.raises(rlm.ContextError, match="not valid utf-8"):
+        formats.decode(b"half \xed\xa0\xbd emoji", "<t>", "utf-8")
+    assert formats.decode("caf\u00e9 \U0001f600".encode(), "<t>", None) == (
+        "caf\u00e9 \U0001f600", None)
+    assert formats.decode(b"a +2D0- b", "<t>", "utf-7") == ("a \ufffd b", None)

@@ -265,6 +265,49 @@ def test_dead_kernel_is_restarted_with_context(api, kill):
     assert res.kernels_started == 2
 
 
+def test_restarted_kernel_reads_the_same_context_from_its_own_file(api, monkeypatch):
+    """Each kernel reads the context from a file of its own user (a private file in its
+    working directory when it runs as another user than the host: the host's temporary file,
+    moved); a kernel started after the first one died gets the very same text again, and the
+    host's temporary files are gone after the run."""
+    import hashlib
+    import os
+    import tempfile
+
+    made: list[str] = []
+    mkstemp = tempfile.mkstemp
+
+    def spy(*a, **kw):
+        fd, path = mkstemp(*a, **kw)
+        if kw.get("prefix") == "rlm-ctx-":
+            made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
+    context = "h\u00e9llo \U0001f600 restart\r\n" * 60000  # ~1.4 MB
+    look = ("import hashlib, os, stat; mine = [os.stat(n) for n in os.listdir('.') "
+            "if n.startswith('.ctx-')]; "
+            "print('CTX', hashlib.sha256(context.encode()).hexdigest(), os.getuid(), "
+            "[(s.st_uid, stat.S_IMODE(s.st_mode)) for s in mine])")
+    replies = [repl(look), repl("import os; os._exit(1)"), repl(look), repl("FINAL('ok')")]
+    res, srv = api(script(replies), context)
+    assert res.status == "completed", res.reason
+    assert res.kernels_started == 2
+    want = hashlib.sha256(context.encode("utf-8")).hexdigest()
+    assert "died" in feedback_after(srv, 2)
+    other_user = False
+    for turn in (1, 3):
+        line = next(ln for ln in feedback_after(srv, turn).splitlines() if ln.startswith("CTX"))
+        _, digest, uid, files = line.split(" ", 3)
+        assert digest == want, f"turn {turn}: the kernel's context differs"
+        if int(uid) != os.geteuid():  # another user: its own read-only file, no other
+            other_user = True
+            assert files == f"[({uid}, 256)]", line
+    # the host's file was given to the first kernel, so the second got one written again
+    assert len(made) == (2 if other_user else 1), made
+    assert not any(os.path.exists(p) for p in made)
+
+
 def test_kernel_that_keeps_dying_fails_with_kernel_error(api):
     kill = repl("import os; os._exit(3)")
     with pytest.raises(rlm.KernelError) as ei:

@@ -289,6 +289,32 @@ def test_an_unprivileged_kernel_reads_what_it_may_in_place_and_copies_the_rest(t
         shutil.rmtree(base, ignore_errors=True)
 
 
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown)")
+def test_share_file_moves_or_copies_into_a_private_file():
+    """A kernel running as another user gets a file of its own, read-only: a copy of a file
+    the host keeps, or the host's temporary file itself, moved (none left behind)."""
+    from kernels import sandbox
+    ident = sandbox.Identity(65534, 65534, "nobody")
+    base = Path(tempfile.mkdtemp(prefix="rlm-share-"))
+    try:
+        work = base / "work"
+        work.mkdir()
+        keep, temp = base / "keep.txt", base / "temp.txt"
+        keep.write_text("the user's file\n")
+        temp.write_text("the host's temporary file\n")
+        copied = sandbox.share_file(str(keep), str(work), ident)
+        moved = sandbox.share_file(str(temp), str(work), ident, move=True)
+        assert keep.read_text() == Path(copied).read_text() == "the user's file\n"
+        assert not temp.exists() and Path(moved).read_text() == "the host's temporary file\n"
+        for f in (copied, moved):
+            st = os.stat(f)
+            assert Path(f).parent == work and (st.st_uid, st.st_mode & 0o777) == (65534, 0o400)
+        assert sandbox.share_file(str(keep), str(work), None, move=True) == str(keep)
+        assert keep.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
 # --------------------------------------------------------------------------- no kernel
 
 
