@@ -567,7 +567,6 @@ class KernelPool:
         #: kernels started over the pool's life: pool, adopted and cold ones, used or not (int)
         self.started = 0
         self._live: set[Kernel] = set()
-        self._stopping: list[threading.Thread] = []  # release()d kernels being shut down
         if head is not None:
             with self._lock:
                 self._starting += 1
@@ -671,28 +670,19 @@ class KernelPool:
         return k
 
     def release(self, k: Kernel) -> None:
-        """Shut ``k`` down (kernels are never reused), on a thread of its own: the caller
-        does not wait for the kernel's processes to be gone (about 10-50 ms); :meth:`close`
-        does. Never raises."""
-        with self._lock:
-            self._live.discard(k)
-            self._stopping = [t for t in self._stopping if t.is_alive()]
-            t = threading.Thread(target=k.shutdown, daemon=True, name="rlm-kernel-stop")
-            self._stopping.append(t)
-        t.start()
+        """Shut ``k`` down (kernels are never reused). Never raises."""
+        self._drop(k)
 
     def close(self) -> None:
-        """Shut down every kernel this pool started (a kernel still starting is killed, not
-        waited for), all at once; returns when every one is gone, the ones :meth:`release`
-        is stopping included. Idempotent."""
+        """Shut down every kernel this pool started that is still alive; a kernel still
+        starting stops once it is up. Returns when every started one is gone. Idempotent."""
         with self._cv:
             self._closed = True
             live = list(self._live)
             self._live.clear()
-            stopping, self._stopping = self._stopping, []
             self._cv.notify_all()
         threads = [threading.Thread(target=k.shutdown, daemon=True) for k in live]
         for t in threads:
             t.start()
-        for t in threads + stopping:
+        for t in threads:
             t.join(timeout=10)
