@@ -15,27 +15,30 @@ A record is written in one of two ways:
 
 Two rules keep the journal's guarantees:
 
-1. **Order.** The queue is FIFO and a durable record commits in the same transaction as every
-   record queued before it; so whatever was recorded before a durable record is durable when it
-   is. In particular everything a run recorded before sending a model call is in the journal
-   before the call is sent, and a run's events are committed in the order they happened (their
-   ``seq`` and hash chain are the same as with one transaction each).
+1. **Order.** Two FIFO queues: the *records* (calls, cells, spend rows) and the *transitions*
+   (stage events). A durable record commits in the same transaction as every record queued
+   before it, so everything a run recorded before sending a model call (the replies of earlier
+   calls above all: a resumed run must not send them again) is in the journal before the call
+   is sent. Transitions may lag behind the reservations (they only describe the run; resume
+   re-creates them): the background writer, a reader, ``flush()``, ``close()`` and a run's
+   finish commit them, always in order and together with the queued records, so a run's events
+   keep their ``seq`` order and hash chain, and a finished run has all of them.
 2. **Nothing is lost silently.** A batch that fails to commit (disk full, locked too long) is
    put back at the head of the queue and retried; the next durable write raises the
    ``JournalError`` (so no call is sent that the journal could not reserve), and ``close()``
    logs how many records could not be written. The queue is committed at interpreter exit too
    (``atexit``; the writer is a daemon thread).
 
-Group commit: the queue is committed by whichever writer comes first: a durable write (which
-takes the whole queue into its own transaction), a reader of this journal (which flushes first,
+Group commit: the queues are committed by whichever writer comes first: a durable write (which
+takes the queued records into its own transaction), a reader of this journal (which flushes first,
 so a process always reads what it wrote), ``flush()``, ``close()``, or the journal's background
 writer thread, which commits the queue at most ``WRITE_BEHIND_SECONDS`` after a record was queued
 (so another process tailing the journal, e.g. ``rlm view --live``, sees records that late at
 most). One writer at a time: ``_chain_lock`` is held from taking the queue to committing it.
 
-Measured (``python -m evals.bench_side_by_side --only subcall``): a sub-call journaled this way
-costs one commit (its reservation, carrying the queued records of the previous call) instead of
-seven.
+A sub-call journaled this way costs one small commit on its own path (its reservation, carrying
+the previous call's reply, settlement and cells) instead of seven transactions; its seven
+transitions go in the background writer's next batch.
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
@@ -80,7 +83,8 @@ class _Queue:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.items: list[tuple] = []
+        self.items: list[tuple] = []  # calls, cells, spend rows: before the next reservation
+        self.events: list[tuple] = []  # stage transitions: may lag the reservations
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -145,7 +149,8 @@ class WriteBehind(Store):
     @property
     def pending(self) -> int:
         """Records queued and not committed yet (int)."""
-        return len(self._state()[2].items)
+        q = self._state()[2]
+        return len(q.items) + len(q.events)
 
     # ---- queueing -------------------------------------------------------------------------
 
@@ -156,7 +161,7 @@ class WriteBehind(Store):
             raise JournalError(f"journal {self.path} is closed")
         q = self._state()[2]
         with q.lock:
-            q.items.append(item)
+            (q.events if item[0] == "event" else q.items).append(item)
             if q.thread is None:
                 q.thread = threading.Thread(target=self._writer, args=(q,), daemon=True,
                                             name="rlm-journal-writer")
@@ -164,26 +169,30 @@ class WriteBehind(Store):
                 _at_exit(self)
         q.wake.set()
 
-    def _take(self, q: _Queue) -> list[tuple]:
+    def _take(self, q: _Queue, events: bool = True) -> tuple[list[tuple], list[tuple]]:
         with q.lock:
             items, q.items = q.items, []
-        return items
+            evs: list[tuple] = []
+            if events:
+                evs, q.events = q.events, []
+        return items, evs
 
-    def _put_back(self, q: _Queue, items: list[tuple]) -> None:
-        if items:
-            with q.lock:
-                q.items[:0] = items
+    def _put_back(self, q: _Queue, items: list[tuple], evs: list[tuple]) -> None:
+        with q.lock:
+            q.items[:0] = items
+            q.events[:0] = evs
 
-    def _durable(self, item: tuple) -> int:
-        """Commit every queued record and then ``item`` in one transaction; return ``item``'s
-        row count. Raises ``JournalError`` (nothing of it committed; the queue is kept)."""
+    def _durable(self, item: tuple, *, events: bool = False) -> int:
+        """Commit the queued calls, cells and spend rows, then ``item``, in one transaction
+        (``events``: the queued stage transitions too); return ``item``'s row count. Raises
+        ``JournalError`` (nothing of it committed; the queue is kept)."""
         with self._chain_lock:
             q = self._state()[2]
-            queued = self._take(q)
+            queued, evs = self._take(q, events)
             try:
-                return self._commit(queued + [item], item[1])[-1]
+                return self._commit(evs + queued + [item], item[1])[-1]
             except BaseException:
-                self._put_back(q, queued)
+                self._put_back(q, queued, evs)
                 raise
 
     def flush(self) -> None:
@@ -194,19 +203,20 @@ class WriteBehind(Store):
         """
         with self._chain_lock:
             q = self._state()[2]
-            items = self._take(q)
-            if not items:
+            items, evs = self._take(q)
+            if not items and not evs:
                 return
             try:
-                self._commit(items, f"write {len(items)} queued record(s)")
+                self._commit(evs + items, f"write {len(items) + len(evs)} queued record(s)")
             except BaseException:
-                self._put_back(q, items)
+                self._put_back(q, items, evs)
                 raise
 
     def _before_read(self) -> None:
         """A reader in this process sees what it wrote: commit the queue first (a failure is
         logged; the read goes on without the queued records)."""
-        if self.__dict__.get("_chain_pid") == os.getpid() and self.__dict__["_wb"].items:
+        q = self.__dict__.get("_wb") if self.__dict__.get("_chain_pid") == os.getpid() else None
+        if q is not None and (q.items or q.events):
             try:
                 self.flush()
             except JournalError as exc:
@@ -249,7 +259,7 @@ class WriteBehind(Store):
                 self.flush()
             except JournalError as exc:
                 log.error("journal %s: %d record(s) could not be written and are lost: %s",
-                          self.path, len(q.items), exc)
+                          self.path, len(q.items) + len(q.events), exc)
             if q.thread is not None and q.thread is not threading.current_thread():
                 q.thread.join(timeout=5)
         super().close()  # type: ignore[safe-super]

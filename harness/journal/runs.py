@@ -288,7 +288,7 @@ class RunRecords(WriteBehind):
             "sql", f"finish run {run_id!r}",
             "UPDATE runs SET status = ?, answer = ?, usage = ?, error = ?, finished_at = ?, "
             "updated_at = ? WHERE run_id = ?",
-            (status, answer, usage_json, error_json, now, now, run_id)))
+            (status, answer, usage_json, error_json, now, now, run_id)), events=True)
         if not changed:
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
 
