@@ -291,7 +291,10 @@ class Kernel:
             with self._launch_lock:
                 launched, self._launched = self._launched, None
             if launched is not None:
-                _stop(launched, self.tag)
+                # end its processes only: the thread in start() is using the manager's ZeroMQ
+                # context (its client waits for the kernel) and tears it down itself once the
+                # kernel is gone; destroying it from here aborted the interpreter in zmq
+                _kill(launched, self.tag, direct=True)
                 if self._own_dir:
                     shutil.rmtree(self.workdir, ignore_errors=True)
                 return
@@ -426,9 +429,26 @@ def _stop(km: KernelManager, tag: str) -> None:
     If the supervisor was already gone (killed before it could clean up), every process
     still carrying the kernel's ``tag`` is killed (:func:`kernels.sandbox.kill_tagged`).
     """
-    proc = getattr(getattr(km, "provisioner", None), "process", None)
-    if not sandbox.supervisor_available() or proc is None:
+    _kill(km, tag)
+    try:
+        km.shutdown_kernel(now=True)
+    except Exception:
         pass
+
+
+def _kill(km: KernelManager, tag: str, *, direct: bool = False) -> None:
+    """The process part of :func:`_stop`: end the kernel's processes, leave its manager (its
+    sockets, its ZeroMQ context) alone. Never raises. ``direct``: without a supervisor, kill
+    the kernel process itself (else :func:`_stop` leaves that to ``shutdown_kernel``)."""
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    if proc is None:
+        return
+    if not sandbox.supervisor_available():
+        if direct:
+            try:
+                proc.kill()
+            except OSError:
+                pass
     elif proc.poll() is not None:
         if proc.returncode < 0 and tag:  # the supervisor was killed: it could not clean up
             sandbox.kill_tagged(tag)
@@ -442,10 +462,6 @@ def _stop(km: KernelManager, tag: str) -> None:
                 time.sleep(0.005)
         except (OSError, ChildProcessError):
             pass
-    try:
-        km.shutdown_kernel(now=True)
-    except Exception:
-        pass
 
 
 class Pending:

@@ -164,3 +164,21 @@ def test_kernels_started_without_a_pool_counts_only_the_root(api):
     assert res.status == "completed"
     assert res.kernels_started == 1
     assert _kernel_processes() == []
+
+
+def test_shutdown_at_any_point_of_a_start_leaves_the_process_whole(gate):
+    """Stopping kernels at every point of their start (before launch, while it waits for the
+    kernel's first answer, just after): each start ends (started, or refused as shut down) and
+    no kernel process outlives its shutdown. A shutdown from another thread only kills the
+    processes; the starting thread, which is using the manager's ZeroMQ context, tears the
+    manager down itself."""
+    for delay in (0.0, 0.05, 0.15, 0.3, 0.45, 0.6, 0.8, 1.2):
+        head = Pending()
+        time.sleep(delay)
+        head.kernel.shutdown()
+        assert head.done.wait(60), f"start never ended after a shutdown at {delay} s"
+        assert head.error is None or "shut down while starting" in str(head.error), head.error
+        deadline = time.monotonic() + 10
+        while _kernel_processes() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _kernel_processes() == [], f"a kernel outlived its shutdown at {delay} s"
