@@ -1149,3 +1149,28 @@ def test_interpreter_exit_commits_the_queue(jpath):
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert _committed(jpath, "SELECT stage_id FROM events WHERE run_id='wb'") == [("wb/x",)]
+
+
+def test_a_queued_call_that_conflicts_keeps_the_first_record_and_is_logged(j, caplog):
+    j.create_run("wb", query="q", model="m")
+    first = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
+    other = {"model": "m", "messages": [{"role": "user", "content": "two"}]}
+    assert j.record_model_call("wb", "c1", request_hash=request_hash(first), request=first,
+                               response={"text": "a"}, usage={}, attempts=[])
+    # the same request again, queued: idempotent, nothing logged
+    j.record_model_call("wb", "c1", request_hash=request_hash(first), request=first,
+                        response={"text": "a"}, usage={}, attempts=[], behind=True)
+    with caplog.at_level(logging.ERROR, logger="harness.journal"):
+        j.flush()
+    assert not [r for r in caplog.records if "another request" in r.getMessage()]
+    # another request under the same id, queued: the first record is kept, the conflict logged
+    j.record_model_call("wb", "c1", request_hash=request_hash(other), request=other,
+                        response={"text": "b"}, usage={}, attempts=[], behind=True)
+    with caplog.at_level(logging.ERROR, logger="harness.journal"):
+        j.flush()
+    assert any("'c1'" in r.getMessage() and "another request" in r.getMessage()
+               for r in caplog.records)
+    assert j.lookup_model_call("wb", "c1")["request_hash"] == request_hash(first)
+    with pytest.raises(ModelCallConflictError):  # written durably, it raises instead
+        j.record_model_call("wb", "c1", request_hash=request_hash(other), request=other,
+                            response={"text": "b"}, usage={}, attempts=[])

@@ -27,6 +27,14 @@ def gate(monkeypatch):
     return g
 
 
+def _wait_filled(pool: KernelPool, n: int, timeout: float) -> None:
+    """Wait until ``pool`` holds ``n`` ready kernels (asserting it does within ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while len(pool._ready) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(pool._ready) == n, "the pool did not fill"
+
+
 def _kernel_processes() -> list[psutil.Process]:
     """Live (not zombie) ipykernel processes below this test process."""
     out = []
@@ -110,10 +118,7 @@ def test_no_more_kernels_start_at_once_than_the_gate_allows(monkeypatch):
     monkeypatch.setattr(kk, "START_GATE", g)
     pool = KernelPool(3)
     try:
-        deadline = time.monotonic() + 120
-        while len(pool._ready) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(pool._ready) == 3, "the pool did not fill"
+        _wait_filled(pool, 3, 120)
         assert g.peak == 1  # three starts, one after another
         assert pool.started == 3
     finally:
@@ -125,10 +130,7 @@ def test_starts_at_run_start_are_bounded_by_the_cores(gate):
     # four idle kernels wanted at once: never more starting together than the machine has cores
     pool = KernelPool(4)
     try:
-        deadline = time.monotonic() + 180
-        while len(pool._ready) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(pool._ready) == 4
+        _wait_filled(pool, 4, 180)
         assert 1 <= gate.peak <= max(1, os.cpu_count() or 1)
     finally:
         pool.close()

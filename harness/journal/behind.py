@@ -190,10 +190,12 @@ class WriteBehind(Store):
             q = self._state()[2]
             queued, evs = self._take(q, events)
             try:
-                return self._commit(evs + queued + [item], item[1])[-1]
+                counts = self._commit(evs + queued + [item], item[1])
             except BaseException:
                 self._put_back(q, queued, evs)
                 raise
+        self._log_conflicts(evs + queued, counts)
+        return counts[-1]
 
     def flush(self) -> None:
         """Commit every queued record now (one transaction).
@@ -207,10 +209,12 @@ class WriteBehind(Store):
             if not items and not evs:
                 return
             try:
-                self._commit(evs + items, f"write {len(items) + len(evs)} queued record(s)")
+                counts = self._commit(evs + items, f"write {len(items) + len(evs)} queued "
+                                                   f"record(s)")
             except BaseException:
                 self._put_back(q, items, evs)
                 raise
+        self._log_conflicts(evs + items, counts)
 
     def _before_read(self) -> None:
         """A reader in this process sees what it wrote: commit the queue first (a failure is
@@ -268,7 +272,8 @@ class WriteBehind(Store):
 
     def _commit(self, items: list[tuple], action: str) -> list[int]:
         """Write ``items`` in order in one transaction (``_chain_lock`` held); returns each
-        item's row count. An event chains from the run's head; if another process appended to
+        item's row count (-1: a model call already recorded with another request). An event
+        chains from the run's head; if another process appended to
         the run first, the whole batch is rolled back and retried from the new head."""
         for attempt in range(_CHAIN_RETRIES):
             heads: dict[str, str] = {}
@@ -293,7 +298,6 @@ class WriteBehind(Store):
                     raise
                 continue
             self._heads.update(heads)
-            self._check_calls(items, counts)
             return counts
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -312,7 +316,13 @@ class WriteBehind(Store):
             first = latest.get(key)
             latest[key] = [first[0] if first else seq, ev, stage]
             return 1
-        return conn.execute(item[2], item[3]).rowcount
+        count = conn.execute(item[2], item[3]).rowcount
+        if kind == "call" and not count:  # already recorded: the same request?
+            row = conn.execute("SELECT request_hash FROM model_calls WHERE run_id = ? AND "
+                               "call_id = ?", (item[4], item[5])).fetchone()
+            if row is not None and row[0] != item[6]:
+                return -1
+        return count
 
     def _event_digest(self, prev: str | None, ev: tuple) -> str | None:
         """The chain hash of event ``ev`` after ``prev`` (a hook: the journal benchmark measures
@@ -332,16 +342,10 @@ class WriteBehind(Store):
                               "FROM runs WHERE run_id = ?", (run_id,)).fetchall()
         return run_anchor(run_id, tuple(inputs[0]) if inputs else None)
 
-    def _check_calls(self, items: list[tuple], counts: list[int]) -> None:
-        """A queued model call that changed no row: already recorded. Same request: fine (the
-        first record is kept); another request: logged (a durable ``record_model_call`` raises
-        ``ModelCallConflictError`` instead)."""
+    def _log_conflicts(self, items: list[tuple], counts: list[int]) -> None:
+        """A queued model call already recorded with another request keeps the first record
+        and is logged (a durable ``record_model_call`` raises ``ModelCallConflictError``)."""
         for it, n in zip(items, counts):
-            if it[0] != "call" or n:
-                continue
-            run_id, call_id, rhash = it[4], it[5], it[6]
-            rows = self._read("look up a model call", "SELECT request_hash FROM model_calls "
-                              "WHERE run_id = ? AND call_id = ?", (run_id, call_id))
-            if rows and rows[0][0] != rhash:
+            if n == -1:
                 log.error("journal %s: model call %r of run %r is already recorded with another "
-                          "request; the first record is kept", self.path, call_id, run_id)
+                          "request; the first record is kept", self.path, it[5], it[4])

@@ -196,8 +196,7 @@ class ModelCallRecords(WriteBehind):
         if behind:
             self._defer(item)
             return True
-        changed = self._durable(item)
-        if changed:
+        if self._durable(item) > 0:
             return True
         existing = self._read("look up a model call",
                               "SELECT request_hash FROM model_calls WHERE run_id = ? AND "
