@@ -72,8 +72,8 @@ class RunTree:
         hide_startup_secrets()
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.recorded = recorded
-        # transitions are written behind: durable with the next spend reservation (before the next
-        # call is sent), a read, or within harness.journal.behind.WRITE_BEHIND_SECONDS
+        # transitions are written behind (harness.journal.behind): in the journal's next batch,
+        # within WRITE_BEHIND_SECONDS, at a read or at the run's finish
         listeners = ([options.journal.record_event_behind] if options.journal is not None
                      else [])
         listeners += list(options.listeners or ())  # live view, OpenTelemetry (after the journal)
