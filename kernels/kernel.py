@@ -305,7 +305,7 @@ class Kernel:
                 pass
         if km is not None:
             _stop(km, self.tag)
-        if self._own_dir and km is not None:
+        if self._own_dir:  # a kernel never launched has its directory too
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # execution -----------------------------------------------------------
@@ -485,11 +485,16 @@ class Pending:
             # earlier than a thread sharing the interpreter with them would
             try:
                 km = self.kernel._launch()
-            except BaseException as exc:
+            except Exception as exc:
                 START_GATE.leave()
                 self.error = exc
                 self.done.set()
                 return
+            except BaseException:  # Ctrl-C while launching: it is the caller's, not the start's
+                START_GATE.leave()
+                self.done.set()
+                self.kernel.shutdown()
+                raise
         threading.Thread(target=self._run, args=(km,), daemon=True,
                          name="rlm-kernel-start").start()
 

@@ -1,3 +1,9 @@
-from .cli import entry
+import sys
+
+try:
+    from .cli import entry
+except KeyboardInterrupt:  # Ctrl-C while the CLI itself is still being imported
+    print("rlm: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 entry()

@@ -386,14 +386,23 @@ def main(argv: list[str] | None = None) -> int:
     kernel the run did not take is shut down before this returns.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv):
-        from kernels.kernel import drop_head_start, head_start
-        head_start()
-        try:
-            return _main(argv)
-        finally:
-            drop_head_start()
-    return _main(argv)
+    try:
+        if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv):
+            from kernels.kernel import drop_head_start, head_start
+            try:
+                head_start()
+                return _main(argv)
+            finally:
+                drop_head_start()
+        return _main(argv)
+    except KeyboardInterrupt:  # before the command's own handler (start-up, imports)
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    print("rlm: interrupted; every kernel of the run was shut down. Resume with "
+          "`rlm resume RUN_ID` (see `rlm runs`).", file=sys.stderr)
+    return 130
 
 
 def entry() -> None:
@@ -452,9 +461,7 @@ def _main(argv: list[str]) -> int:
             pass
         return 0
     except KeyboardInterrupt:
-        print("rlm: interrupted; every kernel of the run was shut down. Resume with "
-              "`rlm resume RUN_ID` (see `rlm runs`).", file=sys.stderr)
-        return 130
+        return _interrupted()
     except (RLMError, HarnessError) as exc:
         print(f"rlm: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)

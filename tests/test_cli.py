@@ -4,11 +4,15 @@ exit codes, ``--json``, help text, an endpoint that is down, the journal round t
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import (API_KEY, MODEL, Reply, assert_clean_error, closed_port, endpoint_args,
-                      last_user, repl, script)
+from conftest import (API_KEY, MODEL, Reply, assert_clean_error, clean_env, closed_port,
+                      endpoint_args, last_user, repl, script)
 
 
 @pytest.fixture
@@ -263,3 +267,21 @@ def test_rerun_of_a_budget_stopped_run_names_the_cap_again(cli, scripted, ctx_fi
     assert srv.count == 1
     assert again.rc == 5, again.stderr
     assert again.stderr.startswith("rlm: budget cap 'calls'"), again.stderr
+
+
+@pytest.mark.parametrize("after", [0.15, 0.25, 0.35, 0.6])
+def test_ctrl_c_during_start_up_interrupts_the_run(scripted, ctx_file, tmp_path, after):
+    # Ctrl-C at any moment of `rlm run`'s start-up (imports, the root kernel launching ahead of
+    # the run) ends it with exit 130 and the one-line message, never a traceback or a run that
+    # goes on to complete
+    srv = scripted(lambda req: Reply("```repl\nFINAL('late')\n```", delay=5.0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm", "run", "--context", str(ctx_file), "--query", "q",
+         *endpoint_args(srv)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=clean_env(RLM_JOURNAL=str(tmp_path / "j.sqlite3")))
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err and "rlm: interrupted" in err, err
+    assert "late" not in out

@@ -184,3 +184,21 @@ def test_shutdown_at_any_point_of_a_start_leaves_the_process_whole(gate):
         while _kernel_processes() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _kernel_processes() == [], f"a kernel outlived its shutdown at {delay} s"
+
+
+def test_ctrl_c_while_a_head_start_launches_is_the_callers(gate, monkeypatch):
+    # Ctrl-C landing in the launch (its imports) must interrupt the caller, not be taken for a
+    # failed start the run would then shrug off (it ran on and exited 0)
+    def interrupted(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(kk.Kernel, "_launch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Pending(launch_here=True)
+    assert gate.active == 0  # its start place was given back
+
+
+def test_a_kernel_shut_down_before_it_started_leaves_no_directory():
+    k = kk.Kernel()
+    assert os.path.isdir(k.workdir)
+    k.shutdown()
+    assert not os.path.exists(k.workdir)
