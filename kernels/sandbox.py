@@ -194,7 +194,9 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
             the host dies (else the host does at shutdown).
     """
     conf: dict = {"errfile": os.path.join(workdir, ".supervisor-error"),
-                  "own_dir": workdir if own_dir else None}
+                  "own_dir": workdir if own_dir else None,
+                  # the supervisor's parent: it may already be gone when the supervisor starts
+                  "host": os.getpid()}
     if ident is not None:
         if ident not in _PLANS:
             _PLANS[ident] = reveal_plan(ident)

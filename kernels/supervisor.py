@@ -209,7 +209,10 @@ def _watch(kernel, host):
 def main(args):
     conf = json.loads(base64.urlsafe_b64decode(args[0]))
     argv = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
-    host = os.getppid()
+    # the host that launched this supervisor; a host killed before this line ran left it
+    # with another parent already (init or a subreaper), so getppid() alone would never see
+    # the host die and the kernel would outlive it
+    host = conf.get("host") or os.getppid()
     me = os.getpid()
     try:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)

@@ -84,3 +84,52 @@ def test_no_kernel_outlives_its_host(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+LAUNCH_AND_DIE = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from kernels.kernel import Kernel
+    tags = []
+    for _ in range(3):
+        k = Kernel()
+        k._launch()  # the processes are started; nobody waits for them to answer
+        tags.append(k.tag)
+    print(" ".join(tags), flush=True)
+    os._exit(0)  # the host is gone before its supervisors have even started Python
+""")
+
+
+def _tagged(tags: set[str]) -> list[psutil.Process]:
+    from kernels.sandbox import TAG_VAR
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(TAG_VAR) in tags and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def test_a_host_gone_before_its_supervisor_started_leaves_no_kernel(tmp_path):
+    """The supervisor learns its host's pid from the host, not from getppid() at its own start:
+    a host killed right after launching (a crash mid start-up) had already left the supervisor
+    with init as its parent, and its kernel ran on for good."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "host.py"
+    script.write_text(LAUNCH_AND_DIE.format(root=root))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    tags = set(out.stdout.split())
+    assert len(tags) == 3, out.stderr
+    deadline = time.monotonic() + 10
+    alive = _tagged(tags)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = _tagged(tags)
+    try:
+        assert not alive, f"processes of a dead host's kernels still running: {alive}"
+    finally:
+        for p in alive:
+            p.kill()
