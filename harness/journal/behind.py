@@ -167,7 +167,8 @@ class WriteBehind(Store):
                                             name="rlm-journal-writer")
                 q.thread.start()
                 _at_exit(self)
-        q.wake.set()
+        if not q.wake.is_set():  # most calls find it set: skip the condition's lock
+            q.wake.set()
 
     def _take(self, q: _Queue, events: bool = True) -> tuple[list[tuple], list[tuple]]:
         with q.lock:
