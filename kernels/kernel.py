@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from harness.text import clean_text
 from kernels import sandbox
@@ -308,6 +308,77 @@ class Kernel:
             _stop(km, self.tag)
         if self._own_dir:  # a kernel never launched has its directory too
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def begin_shutdown(self) -> "Callable[[], None] | None":
+        """The first half of :meth:`shutdown`, for a caller that need not wait for the kernel's
+        processes to be gone (a child RLM returning its answer): returns a function that does
+        the rest, or None when everything is done already. Never raises.
+
+        On this thread: the client's channels are closed, the supervisor is sent SIGTERM, and
+        the manager's ZeroMQ resources and connection files are released (everything that
+        touches ZeroMQ, so nothing of it runs on another thread). The returned function only
+        waits for the supervisor to exit (about 10 ms: it kills the kernel and its
+        descendants), kills the process group, reaps the supervisor and removes the working
+        directory: it may run on any thread, and must run (no process is left once it
+        returns). Without a supervisor, or for a kernel not ready, this is :meth:`shutdown`
+        and returns None.
+        """
+        with self._lock:
+            km, kc = self.km, self.kc
+            proc = getattr(getattr(km, "provisioner", None), "process", None)
+            split = (km is not None and proc is not None and sandbox.supervisor_available()
+                     and proc.poll() is None)
+            if split:
+                self._closed = True
+                self.km = self.kc = None
+        if not split:
+            self.shutdown()
+            return None
+        try:
+            kc.stop_channels()
+        except Exception:
+            pass
+        try:
+            os.kill(proc.pid, signal.SIGTERM)  # not reaped before the group is killed
+        except OSError:
+            pass
+        try:
+            km.cleanup_resources()
+        except Exception:
+            pass
+        tag, workdir, own = self.tag, self.workdir, self._own_dir
+
+        def finish() -> None:
+            try:
+                _wait_exit(proc.pid, 10.0)
+                exited = bool(os.waitid(os.P_PID, proc.pid,
+                                        os.WEXITED | os.WNOHANG | os.WNOWAIT))
+            except (OSError, ChildProcessError):
+                exited = True
+            try:  # as jupyter_client's kill: the group (the supervisor is not reaped yet)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            if not exited:  # it did not end within 10 s
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except Exception:
+                pass
+            if exited and proc.returncode is not None and proc.returncode < 0 and tag:
+                sandbox.kill_tagged(tag)  # killed from outside before it could clean up
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+            if own:
+                shutil.rmtree(workdir, ignore_errors=True)
+        return finish
 
     # execution -----------------------------------------------------------
     def execute(self, code: str, timeout: float | None = None,
@@ -631,6 +702,7 @@ class KernelPool:
         #: kernels started over the pool's life: pool, adopted and cold ones, used or not (int)
         self.started = 0
         self._live: set[Kernel] = set()
+        self._reaping: list[threading.Thread] = []  # released kernels' processes being reaped
         if head is not None:
             with self._lock:
                 self._starting += 1
@@ -734,19 +806,36 @@ class KernelPool:
         return k
 
     def release(self, k: Kernel) -> None:
-        """Shut ``k`` down (kernels are never reused). Never raises."""
-        self._drop(k)
+        """Shut ``k`` down (kernels are never reused). Never raises.
+
+        The caller waits only for the part of the shutdown that uses ZeroMQ (about 2 ms, see
+        :meth:`Kernel.begin_shutdown`); waiting for the processes to exit (about 10 ms) and
+        removing the kernel's directory happen on a thread of the pool, which :meth:`close`
+        waits for.
+        """
+        with self._lock:
+            self._live.discard(k)
+        finish = k.begin_shutdown()
+        if finish is None:
+            return
+        t = threading.Thread(target=finish, daemon=True, name="rlm-kernel-reap")
+        with self._lock:
+            self._reaping = [x for x in self._reaping if x.is_alive()]
+            self._reaping.append(t)
+        t.start()
 
     def close(self) -> None:
         """Shut down every kernel this pool started that is still alive; a kernel still
-        starting stops once it is up. Returns when every started one is gone. Idempotent."""
+        starting stops once it is up. Returns when every started one is gone, released ones
+        included. Idempotent."""
         with self._cv:
             self._closed = True
             live = list(self._live)
             self._live.clear()
+            reaping, self._reaping = self._reaping, []
             self._cv.notify_all()
         threads = [threading.Thread(target=k.shutdown, daemon=True) for k in live]
         for t in threads:
             t.start()
-        for t in threads:
+        for t in threads + reaping:
             t.join(timeout=10)

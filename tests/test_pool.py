@@ -202,3 +202,24 @@ def test_a_kernel_shut_down_before_it_started_leaves_no_directory():
     assert os.path.isdir(k.workdir)
     k.shutdown()
     assert not os.path.exists(k.workdir)
+
+
+def test_close_waits_for_the_released_kernels_to_be_reaped(gate):
+    pool = KernelPool(0)
+    kernels = [pool.acquire() for _ in range(2)]
+    for k in kernels:  # a cell's own process too: it must not outlive close()
+        res, _ = k.execute("import subprocess; p = subprocess.Popen(['sleep', '60'])")
+        assert res.error is None
+    pids = [k.pid for k in kernels]
+    dirs = [k.workdir for k in kernels]
+    assert all(pids)
+    for k in kernels:
+        pool.release(k)
+        assert not k.is_alive()  # released: no cell can run on it any more
+    pool.close()
+    assert _kernel_processes() == []
+    for pid in pids:  # the supervisors are reaped, not left as zombies
+        assert not psutil.pid_exists(pid)
+    assert not any(os.path.exists(d) for d in dirs)
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[:2] == ["sleep", "60"]]
