@@ -627,48 +627,60 @@ class Pending:
             self.done.set()
 
 
-_head: Pending | None = None
+_head: list[Pending] = []
 _head_lock = threading.Lock()
 
+#: Idle kernels a run keeps ready for its children when it may start any (``max_depth >= 2``).
+DEFAULT_POOL_SIZE = 2
 
-def head_start() -> Pending:
-    """Start one kernel now, before the run that needs it exists (no-op if one is pending).
 
-    A process that is about to run an RLM calls this as early as it can: the kernel's
-    process is launched before this returns (when a start place is free, else on a thread),
-    and its cold start (~0.6 s, in its own process) then overlaps the host's own imports and
-    set-up. The
-    next :class:`KernelPool` made with ``head=take_head_start()`` adopts it; one nobody adopts
-    is shut down by :func:`drop_head_start` (or when this process exits: its supervisor sees
-    the host gone). Hides the start-up secrets first
-    (:func:`kernels.secrets.hide_startup_secrets`), as every kernel start must.
+def pool_size_for(max_depth: int, pool_size: int | None = None) -> int:
+    """Idle kernels (int) a run of ``max_depth`` keeps: ``pool_size`` when given, else
+    :data:`DEFAULT_POOL_SIZE` when its children get kernels (``max_depth >= 2``), else 0."""
+    if pool_size is not None:
+        return max(0, int(pool_size))
+    return DEFAULT_POOL_SIZE if max_depth >= 2 else 0
+
+
+def head_start(kernels: int = 1) -> Pending:
+    """Start ``kernels`` kernels now (at least 1), before the run that needs them exists; the
+    ones already pending count (so a second call starts nothing more).
+
+    A process that is about to run an RLM calls this as early as it can, with the root's kernel
+    plus its pool's (``1 + pool_size_for(max_depth, pool_size)``): the first kernel's process
+    is launched before this returns (when a start place is free, else on a thread), the others
+    on threads, through :data:`START_GATE` like every start; their cold starts (~0.6 s each, in
+    their own processes) then overlap the host's own imports and set-up, and a child started by
+    the root's first cell finds a pool kernel ready. The next :class:`KernelPool` made with
+    ``head=take_head_start()`` adopts them all; the ones nobody adopts are shut down by
+    :func:`drop_head_start` (or when this process exits: their supervisors see the host gone).
+    Hides the start-up secrets first (:func:`kernels.secrets.hide_startup_secrets`), as every
+    kernel start must.
 
     Returns:
-        the :class:`Pending` start (its errors surface in the pool that adopts it).
+        the first :class:`Pending` start (errors surface in the pool that adopts it).
     """
-    global _head
     from kernels.secrets import hide_startup_secrets
     hide_startup_secrets()
     with _head_lock:
-        if _head is None:
-            _head = Pending(launch_here=True)
-        return _head
+        while len(_head) < max(1, int(kernels)):
+            _head.append(Pending(launch_here=not _head))
+        return _head[0]
 
 
-def take_head_start() -> Pending | None:
-    """The kernel :func:`head_start` started and nobody took yet (None if none); the caller
-    owns it from now on."""
+def take_head_start() -> list[Pending]:
+    """The kernels :func:`head_start` started and nobody took yet (``[]`` if none), the root's
+    first; the caller owns them from now on."""
     global _head
     with _head_lock:
-        head, _head = _head, None
-    return head
+        heads, _head = _head, []
+    return heads
 
 
 def drop_head_start() -> None:
-    """Shut down the kernel :func:`head_start` started, if nobody took it. Never blocks: a
+    """Shut down the kernels :func:`head_start` started, if nobody took them. Never blocks: a
     kernel still starting stops once it is up. Never raises."""
-    head = take_head_start()
-    if head is not None:
+    for head in take_head_start():
         head.kernel.shutdown()
 
 
@@ -687,11 +699,12 @@ class KernelPool:
 
     Args:
         size: idle kernels to keep ready (int >= 0).
-        head: a kernel already starting (:func:`take_head_start`) to adopt: it counts
-            towards ``size`` and in :attr:`started`.
+        head: kernels already starting (:func:`take_head_start`: a list of :class:`Pending`,
+            or one) to adopt: they count towards ``size`` and in :attr:`started`; the first
+            ready is the first :meth:`acquire`'s.
     """
 
-    def __init__(self, size: int = 0, head: Pending | None = None) -> None:
+    def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None) -> None:
         self.size = max(0, int(size))
         self._ready: list[Kernel] = []
         self._lock = threading.Lock()
@@ -703,12 +716,13 @@ class KernelPool:
         self.started = 0
         self._live: set[Kernel] = set()
         self._reaping: list[threading.Thread] = []  # released kernels' processes being reaped
-        if head is not None:
+        heads = [] if head is None else [head] if isinstance(head, Pending) else list(head)
+        for h in heads:
             with self._lock:
                 self._starting += 1
                 self.started += 1
-                self._live.add(head.kernel)
-            threading.Thread(target=self._adopt, args=(head,), daemon=True,
+                self._live.add(h.kernel)
+            threading.Thread(target=self._adopt, args=(h,), daemon=True,
                              name="rlm-pool").start()
         self._fill()
 

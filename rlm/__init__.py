@@ -27,6 +27,18 @@ _LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
              "EmbeddedModelUnavailable")}}
 
 
+def _kernels_ahead(options: dict) -> int:
+    """Kernels (int) to start ahead of a run given these options (``max_depth``, ``pool_size``):
+    the root's, plus its pool's when its children get kernels. A value that is not a plain int
+    counts as its default (the run's own validation reports it)."""
+    from kernels.kernel import pool_size_for
+
+    def _int(name: str, default: Any) -> Any:
+        value = options.get(name, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+    return 1 + pool_size_for(_int("max_depth", 1), _int("pool_size", None))
+
+
 def completion(context: Any, query: str | None = None, **options: Any):
     """Run one RLM: ``context`` (str/list/dict, or ``Path``/paths/``"-"``), optional ``query``.
 
@@ -38,7 +50,7 @@ def completion(context: Any, query: str | None = None, **options: Any):
     after all (a recorded result, bad options) it is shut down.
     """
     from kernels.kernel import drop_head_start, head_start
-    head_start()
+    head_start(_kernels_ahead(options))
     try:
         from .api import completion as run
         return run(context, query, **options)

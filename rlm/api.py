@@ -131,7 +131,10 @@ class RLM:
         if plain:
             return self._run_now(context, query, overrides, plain=True)
         from kernels.kernel import drop_head_start, head_start
-        head_start()  # the root's kernel starts now, overlapping the set-up below
+
+        from . import _kernels_ahead
+        # the root's kernel (and its pool's) start now, overlapping the set-up below
+        head_start(_kernels_ahead({**self.options, **overrides}))
         try:
             return self._run_now(context, query, overrides, plain=False)
         finally:

@@ -377,6 +377,25 @@ def _terminate(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt
 
 
+def _depth_flags(argv: list[str]) -> dict:
+    """``max_depth`` and ``pool_size`` as given on an ``rlm run`` command line (ints; absent or
+    not a number: left out), read before the full parse so the kernels start first."""
+    out: dict = {}
+    for i, arg in enumerate(argv):
+        for flag, key in (("--max-depth", "max_depth"), ("--pool-size", "pool_size")):
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1:]
+            else:
+                continue
+            try:
+                out[key] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``rlm`` command; returns the process exit code (int).
 
@@ -389,8 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv):
             from kernels.kernel import drop_head_start, head_start
+
+            from . import _kernels_ahead
             try:
-                head_start()
+                head_start(_kernels_ahead(_depth_flags(argv)))
                 return _main(argv)
             finally:
                 drop_head_start()

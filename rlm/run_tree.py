@@ -40,7 +40,7 @@ from harness.replay import Replay
 from harness.stages import Kind, StageScope, StageTree
 from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
-from kernels.kernel import Kernel, KernelPool, take_head_start
+from kernels.kernel import Kernel, KernelPool, pool_size_for, take_head_start
 
 from .clients import Completion, ModelClient
 from .errors import EndpointError, RLMError
@@ -90,9 +90,7 @@ class RunTree:
         self.client = client or (ModelClient(options.base_url, options.api_key,
                                              max_attempts=options.max_attempts)
                                  if options.base_url else None)
-        pool_size = options.pool_size
-        if pool_size is None:
-            pool_size = 0 if options.budget.max_depth <= 1 else 2
+        pool_size = pool_size_for(options.budget.max_depth, options.pool_size)
         # the kernel a caller started ahead of the run (kernels.kernel.head_start), if any: the
         # root takes it, so its cold start overlaps the host's set-up
         self.pool = KernelPool(pool_size, head=take_head_start() if adopt_head else None)

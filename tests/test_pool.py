@@ -223,3 +223,35 @@ def test_close_waits_for_the_released_kernels_to_be_reaped(gate):
     assert not any(os.path.exists(d) for d in dirs)
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if (p.info["cmdline"] or [])[:2] == ["sleep", "60"]]
+
+
+def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
+    from kernels.kernel import head_start, take_head_start
+    first = head_start(3)
+    assert head_start(3) is first  # already pending: nothing more starts
+    heads = take_head_start()
+    assert len(heads) == 3 and heads[0] is first and take_head_start() == []
+    pool = KernelPool(2, head=heads)
+    try:
+        k = pool.acquire()  # the first ready of the three: no cold start, no refill
+        assert k in [h.kernel for h in heads] and k.is_alive()
+        _wait_filled(pool, 2, timeout=60)
+        assert pool.started == 3
+    finally:
+        pool.close()
+    assert _kernel_processes() == []
+
+
+@pytest.mark.parametrize("options, ahead", [
+    ({}, 1), ({"max_depth": 1}, 1), ({"max_depth": 2}, 3), ({"max_depth": 3, "pool_size": 0}, 1),
+    ({"max_depth": 2, "pool_size": 5}, 6), ({"max_depth": "2"}, 1), ({"max_depth": True}, 1)])
+def test_kernels_started_ahead_follow_depth_and_pool_size(options, ahead):
+    from rlm import _kernels_ahead
+    assert _kernels_ahead(options) == ahead
+
+
+def test_rlm_run_reads_depth_and_pool_size_before_parsing():
+    from rlm.cli import _depth_flags
+    assert _depth_flags(["run", "--max-depth", "2", "--pool-size=1", "--query", "q"]) == \
+        {"max_depth": 2, "pool_size": 1}
+    assert _depth_flags(["run", "--max-depth", "x", "--pool-size"]) == {}
