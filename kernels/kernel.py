@@ -212,7 +212,7 @@ class Kernel:
         kc = km.blocking_client()
         kc.start_channels()
         try:
-            kc.wait_for_ready(timeout=self.start_timeout)
+            _wait_for_ready(km, kc, self.start_timeout)
         except RuntimeError:
             kc.stop_channels()
             _stop(km, self.tag)
@@ -490,6 +490,35 @@ class Kernel:
     def _died_text(self, parts: list[str]) -> str:
         tail = "".join(parts)[-500:]
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
+
+
+def _wait_for_ready(km: "KernelManager", kc, timeout: float) -> None:
+    """Wait until the kernel answers ``kernel_info`` on its shell channel and its IOPub channel
+    delivers (a kernel's first IOPub messages are lost until the subscription is made); the
+    public client calls of jupyter_client's ``wait_for_ready``, without its last step: it then
+    waits for 0.2 s of IOPub silence, which delayed every kernel start by at least 0.2 s. A
+    leftover IOPub message is harmless here: :meth:`Kernel.execute` reads only its own cell's.
+
+    Raises:
+        RuntimeError: the kernel died, or did not answer within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        kc.kernel_info()
+        try:
+            reply = kc.get_shell_msg(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except queue.Empty:
+            reply = None
+        if reply is not None and reply.get("msg_type") == "kernel_info_reply":
+            try:
+                kc.get_iopub_msg(timeout=0.2)  # its status messages: IOPub is connected
+                return
+            except queue.Empty:
+                pass  # not subscribed yet: ask again
+        if not km.is_alive():
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
 
 
 def _stop(km: KernelManager, tag: str) -> None:

@@ -432,3 +432,18 @@ def test_security_kernel_user_is_configurable(api, monkeypatch):
         api(script([repl("FINAL('x')")]), "ctx")
     assert err.value.exit_code == 4
     assert "RLM_KERNEL_USER='no-such-user-rlm': no such user" in str(err.value)
+
+
+def test_the_first_cell_right_after_start_loses_no_output():
+    """A started kernel's IOPub channel is connected when start() returns (the start no longer
+    waits for 0.2 s of IOPub silence, but still for one IOPub message): the first cell's output
+    and its end arrive, on several fresh kernels."""
+    from kernels.kernel import Kernel
+    for _ in range(4):
+        k = Kernel().start()
+        try:
+            res, _ = k.execute("print('first', flush=True)\n1 + 1", timeout=20)
+            assert not res.timed_out and res.error is None
+            assert res.output == "first\n2\n"
+        finally:
+            k.shutdown()
