@@ -399,14 +399,14 @@ def _depth_flags(argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``rlm`` command; returns the process exit code (int).
 
-    ``argv``: the arguments after the program name (default ``sys.argv[1:]``). For ``rlm run``
-    the root's kernel starts before anything heavy is imported
-    (:func:`kernels.kernel.head_start`), so its cold start overlaps the CLI's own start-up; a
-    kernel the run did not take is shut down before this returns.
+    ``argv``: the arguments after the program name (default ``sys.argv[1:]``). For ``rlm run``,
+    ``replay`` and ``resume`` the root's kernel (and for ``run`` its pool's) starts before
+    anything heavy is imported (:func:`kernels.kernel.head_start`), so its cold start overlaps
+    the CLI's own start-up; a kernel the run did not take is shut down before this returns.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv):
+        if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             from kernels.kernel import drop_head_start, head_start
 
             from . import _kernels_ahead
