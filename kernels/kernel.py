@@ -861,11 +861,14 @@ class KernelPool:
         finish = k.begin_shutdown()
         if finish is None:
             return
-        t = threading.Thread(target=finish, daemon=True, name="rlm-kernel-reap")
         with self._lock:
-            self._reaping = [x for x in self._reaping if x.is_alive()]
-            self._reaping.append(t)
-        t.start()
+            if not self._closed:  # else close() may be past its join: finish here
+                t = threading.Thread(target=finish, daemon=True, name="rlm-kernel-reap")
+                t.start()  # before close() can see it (a thread not started cannot be joined)
+                self._reaping = [x for x in self._reaping if x.is_alive()]
+                self._reaping.append(t)
+                return
+        finish()
 
     def close(self) -> None:
         """Shut down every kernel this pool started that is still alive; a kernel still
