@@ -137,8 +137,8 @@ class Kernel:
     Constructing one starts nothing; :meth:`start` does.
 
     Args:
-        workdir: the kernel's working directory (created if missing; a fresh
-            temporary directory when None, removed at shutdown).
+        workdir: the kernel's working directory (created if missing); when None, a fresh
+            temporary directory made when the kernel launches and removed at shutdown.
         start_timeout: seconds :meth:`start` waits for the kernel to answer.
 
     Raises:
@@ -147,8 +147,11 @@ class Kernel:
 
     def __init__(self, workdir: str | None = None, start_timeout: float = 30.0) -> None:
         self._own_dir = workdir is None
-        self.workdir = workdir or tempfile.mkdtemp(prefix="rlm-k-")
-        os.makedirs(self.workdir, exist_ok=True)
+        #: the working directory ("" until a kernel of our own is launched: a kernel that
+        #: waits for a start place, or is shut down before it launches, has none to leave)
+        self.workdir = workdir or ""
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
         self.start_timeout = start_timeout
         self.km: KernelManager | None = None
         self.kc = None
@@ -180,8 +183,11 @@ class Kernel:
     def _launch(self) -> "KernelManager":
         """Launch the kernel's process (the caller holds a place in the gate); returns its
         manager. Raises RuntimeError when shut down before, KernelUserError as :meth:`start`."""
-        if self._closed:  # shut down while it waited for its place
-            raise RuntimeError("kernel was shut down while starting")
+        with self._launch_lock:
+            if self._closed:  # shut down while it waited for its place
+                raise RuntimeError("kernel was shut down while starting")
+            if not self.workdir:
+                self.workdir = tempfile.mkdtemp(prefix="rlm-k-")
         from jupyter_client import KernelManager
         self.identity = sandbox.kernel_identity()
         km = KernelManager(kernel_name="python3", transport="ipc")
@@ -306,7 +312,7 @@ class Kernel:
                 pass
         if km is not None:
             _stop(km, self.tag)
-        if self._own_dir:  # a kernel never launched has its directory too
+        if self._own_dir and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def begin_shutdown(self) -> "Callable[[], None] | None":
