@@ -192,18 +192,20 @@ def _child(conf, argv, supervisor):
 
 
 def _watch(kernel, host):
-    """Wait for the kernel's exit, a stop signal or the host's death; the exit code to use."""
+    """Wait for the kernel's exit, a stop signal or the host's death; returns the exit code to
+    use and whether the host stopped the kernel or is gone (not the kernel's own exit)."""
     watched = {signal.SIGCHLD, *_STOP}
     while True:
         info = signal.sigtimedwait(watched, 0.25)
         done = _reap()
         if kernel in done:
             status = done[kernel]
-            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            return code, False
         if info is not None and info.si_signo != signal.SIGCHLD:
-            return 128 + info.si_signo
+            return 128 + info.si_signo, True
         if os.getppid() != host:
-            return HOST_GONE
+            return HOST_GONE, True
 
 
 def main(args):
@@ -231,10 +233,13 @@ def main(args):
             except OSError:
                 pass
         os._exit(127)
-    code = _watch(kernel, host)
+    code, stopped = _watch(kernel, host)
     _kill_tree(me)
-    if code == HOST_GONE and conf.get("own_dir"):
-        # nobody is left to remove the kernel's temporary working directory
+    if stopped and conf.get("own_dir"):
+        # the kernel's temporary working directory is not needed any more; remove it here too:
+        # the host does after this exits, unless it is gone or is stopped itself before that
+        # (a second Ctrl-C during its shutdown). A kernel that exited on its own keeps it: it
+        # may hold the reason its start failed (errfile), which the host reads.
         shutil.rmtree(conf["own_dir"], ignore_errors=True)
     os._exit(code)
 

@@ -133,3 +133,20 @@ def test_a_host_gone_before_its_supervisor_started_leaves_no_kernel(tmp_path):
     finally:
         for p in alive:
             p.kill()
+
+
+def test_a_kernel_stopped_by_its_host_leaves_no_directory_even_if_the_host_stops_there():
+    """The supervisor removes the kernel's temporary directory when told to stop (SIGTERM, as
+    a shutdown sends it): a host interrupted again in the middle of its shutdown, which then
+    never removes it, left the directory with the context's copy in it."""
+    from kernels.kernel import Kernel, _wait_exit
+    k = Kernel().start()
+    try:
+        k.execute("open('context-copy.txt', 'w').write('x')")
+        workdir, pid = k.workdir, k.pid
+        assert os.path.isdir(workdir)
+        os.kill(pid, signal.SIGTERM)  # what shutdown sends; the host removes nothing itself
+        _wait_exit(pid, 10.0)
+        assert not os.path.exists(workdir)
+    finally:
+        k.shutdown()
