@@ -185,7 +185,7 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
             (e.g. an edited journal or a non-deterministic cell), or the answer differs.
         ConfigError: unknown run. RunActiveError: a run that has not finished.
     """
-    j = open_journal(journal)
+    j = open_journal(journal, must_exist=True)  # a typo must not create an empty journal
     rec = find_run(j, run_id)
     replay_target(rec)
     ctx = stored_context(rec, context, encoding)
@@ -217,7 +217,7 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
         DivergenceError: a recorded call differs (policy ``divergence="stop"``).
         ConfigError: unknown run id.
     """
-    j = open_journal(options.get("journal"))
+    j = open_journal(options.get("journal"), must_exist=True)
     rec = find_run(j, run_id)
     if rec["state"] in RECORDED_STATES:
         return Result.from_record(rec)

@@ -237,6 +237,14 @@ def test_show_unknown_run_exits_2(cli):
     assert_clean_error(res, 2, "no-such-run")
 
 
+@pytest.mark.parametrize("command", ["replay", "resume"])
+def test_replay_and_resume_do_not_create_a_missing_journal(cli, tmp_path, command):
+    missing = tmp_path / "no" / "such" / "journal.sqlite3"
+    res = cli(command, "some-run", "--journal", str(missing))
+    assert_clean_error(res, 2, "no journal at", str(missing))
+    assert not missing.exists() and not missing.parent.exists()
+
+
 def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
     srv = scripted(script([repl("FINAL(len(context))")]))
     assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "div-1",
