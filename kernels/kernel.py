@@ -163,6 +163,8 @@ class Kernel:
         self._closed = False
         self._launched: KernelManager | None = None  # the process is up, not yet answering
         self._launch_lock = threading.Lock()
+        self._cell_thread: int | None = None  # the thread inside execute(), if any
+        self._deferred: Callable[[], None] | None = None  # its ZeroMQ teardown, left to it
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> "Kernel":
@@ -289,7 +291,14 @@ class Kernel:
         A kernel still starting is killed at once, without waiting for it to answer (its
         :meth:`start`, on another thread, then raises); one not launched yet never is. When
         this returns, no process of this kernel is left.
+
+        Called while another thread is inside :meth:`execute` (a run interrupted while its
+        loops still run cells), it ends the processes only; that thread sees the kernel dead
+        (:class:`KernelDied`) and closes the channels and ZeroMQ resources itself on its way
+        out: closing a socket under a thread that polls it is not safe in ZeroMQ.
         """
+        if self._defer_to_cell():
+            return
         with self._lock:
             self._closed = True
             km, kc = self.km, self.kc
@@ -315,6 +324,30 @@ class Kernel:
         if self._own_dir and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _defer_to_cell(self) -> bool:
+        """When another thread is in :meth:`execute`: hand it the ZeroMQ part of the shutdown,
+        end the processes here (waiting for them) and return True; else False."""
+        me = threading.get_ident()
+        with self._lock:
+            if self._cell_thread in (None, me) or self.km is None:
+                return False
+            km, kc = self.km, self.kc
+            self._closed = True
+            self.km = self.kc = None  # the cell's thread sees it dead at its next poll
+            tag, workdir, own = self.tag, self.workdir, self._own_dir
+
+            def teardown() -> None:
+                try:
+                    kc.stop_channels()
+                except Exception:
+                    pass
+                _stop(km, tag)
+                if own and workdir:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            self._deferred = teardown
+        _kill(km, self.tag, direct=True)
+        return True
+
     def begin_shutdown(self) -> "Callable[[], None] | None":
         """The first half of :meth:`shutdown`, for a caller that need not wait for the kernel's
         processes to be gone (a child RLM returning its answer): returns a function that does
@@ -329,6 +362,8 @@ class Kernel:
         returns). Without a supervisor, or for a kernel not ready, this is :meth:`shutdown`
         and returns None.
         """
+        if self._defer_to_cell():
+            return None
         with self._lock:
             km, kc = self.km, self.kc
             proc = getattr(getattr(km, "provisioner", None), "process", None)
@@ -413,9 +448,22 @@ class Kernel:
         Raises:
             KernelDied: the process died during the cell (or could not be interrupted).
         """
-        if self.kc is None:
-            raise KernelDied("kernel is not running")
-        kc = self.kc
+        with self._lock:
+            kc = self.kc
+            if kc is None:
+                raise KernelDied("kernel is not running")
+            self._cell_thread = threading.get_ident()
+        try:
+            return self._execute(kc, code, timeout, user_expressions, stop, grace, on_interrupt)
+        finally:
+            with self._lock:
+                self._cell_thread = None
+                teardown, self._deferred = self._deferred, None
+            if teardown is not None:  # shut down from another thread during the cell
+                teardown()
+
+    def _execute(self, kc, code: str, timeout: float | None, user_expressions: dict | None,
+                 stop, grace: float, on_interrupt) -> tuple[CellResult, dict]:
         t0 = time.monotonic()
         msg_id = kc.execute(code, silent=False, store_history=False,
                             user_expressions=user_expressions or {}, allow_stdin=False)

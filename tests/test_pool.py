@@ -272,3 +272,53 @@ def test_rlm_run_reads_depth_and_pool_size_before_parsing():
     assert _depth_flags(["run", "--max-depth", "2", "--pool-size=1", "--query", "q"]) == \
         {"max_depth": 2, "pool_size": 1}
     assert _depth_flags(["run", "--max-depth", "x", "--pool-size"]) == {}
+
+
+def test_close_while_a_cell_runs_ends_it_as_a_dead_kernel_not_a_socket_error(gate):
+    """close() (a run interrupted while its loops still run cells) must not close the ZeroMQ
+    sockets a loop's thread is reading: it ends the kernels' processes, and the thread sees a
+    dead kernel and closes the sockets itself on its way out of the cell."""
+    from kernels.kernel import KernelDied
+    pool = KernelPool(0)
+    k = pool.acquire()
+    got: list = []
+
+    def run() -> None:
+        try:
+            got.append(k.execute("import time; time.sleep(60)", timeout=120))
+        except BaseException as exc:  # noqa: BLE001 - what the cell's thread sees
+            got.append(exc)
+        pool.release(k)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(1.0)  # the cell is running
+    pool.close()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert len(got) == 1 and isinstance(got[0], KernelDied), got
+    assert _kernel_processes() == []
+
+
+def test_shutdown_from_another_thread_during_a_cell(gate):
+    from kernels.kernel import Kernel, KernelDied
+    k = Kernel().start()
+    pid, workdir = k.pid, k.workdir
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(_outcome(k)))
+    t.start()
+    time.sleep(1.0)
+    k.shutdown()  # another thread: the processes end now, the sockets are the cell's to close
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    t.join(timeout=30)
+    assert len(got) == 1 and isinstance(got[0], KernelDied), got
+    assert k.kc is None and not k.is_alive()
+    assert not os.path.exists(workdir) and _kernel_processes() == []
+    k.shutdown()  # idempotent
+
+
+def _outcome(k):
+    try:
+        return k.execute("import time; time.sleep(60)", timeout=120)
+    except BaseException as exc:  # noqa: BLE001 - what the cell's thread sees
+        return exc
