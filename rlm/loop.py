@@ -181,8 +181,10 @@ class RLMLoop:
                     res.final = verdict.answer
                     if not verdict.ok:
                         out = (out + "\n" if out else "") + verdict.feedback()
-                if isinstance(run.fatal, KeyboardInterrupt):
-                    # the run was cancelled (rlm.aio) while this cell ran: it was interrupted
+                if isinstance(run.fatal, KeyboardInterrupt) or (
+                        self.scope.cancelled and self.scope.reason != "wall"):
+                    # the run was cancelled (rlm.aio, Ctrl-C, a parent cell's interrupt) while
+                    # this cell ran: it was interrupted, not failed (the wall cap says so itself)
                     cell.finish(Status.cancelled, res.error or "the run was cancelled")
                 elif res.error:
                     cell.finish(Status.failed, res.error)

@@ -150,3 +150,62 @@ def test_a_kernel_stopped_by_its_host_leaves_no_directory_even_if_the_host_stops
         assert not os.path.exists(workdir)
     finally:
         k.shutdown()
+
+
+INTERRUPTED_HOST = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from scripted_server import ScriptedServer
+    import rlm
+
+    def responder(req):
+        msgs = req["messages"]
+        if msgs[0]["role"] != "system":
+            return "leaf"
+        if "ROOTQ" not in str(msgs):  # the children: busy in their cells
+            return "```repl\\nimport time\\nprint('child running', flush=True)\\ntime.sleep(60)\\n```"
+        return "```repl\\nouts = rlm_batched(['child-%d' % i for i in range(2)])\\n```"
+
+    with ScriptedServer(responder) as srv:
+        print("READY", flush=True)
+        try:
+            rlm.completion("root context", "ROOTQ", base_url=srv.base_url, api_key="k",
+                           model="m", max_depth=2, journal={journal!r}, run_id="intr")
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+""")
+
+
+def test_ctrl_c_while_children_run_cancels_every_open_stage(tmp_path):
+    """Ctrl-C while the root's cell waits for children busy in theirs: every stage still open
+    ends cancelled, none failed (the children's kernels were torn down under their cells'
+    threads, which then failed on a closed socket, and the cells were marked failed)."""
+    from harness.journal import Journal
+    journal = tmp_path / "j.sqlite3"
+    script = tmp_path / "host.py"
+    script.write_text(INTERRUPTED_HOST.format(tests=os.path.dirname(__file__),
+                                              journal=str(journal)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        _wait_for_kernels(proc.pid, 3)  # the root and two children
+        time.sleep(2.0)  # the children are in their cells
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert "INTERRUPTED" in out, out[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    j = Journal(journal)
+    try:
+        stages = j.stages("intr")
+    finally:
+        j.close()
+    by_kind = {}
+    for st in stages:
+        by_kind.setdefault(st["kind"], []).append(st["status"])
+    assert len(by_kind.get("child", [])) == 2 and len(by_kind.get("cell", [])) == 3, by_kind
+    assert not [s for s in stages if s["status"] in ("failed", "running", "pending")], \
+        [(s["id"], s["status"], s.get("error")) for s in stages]
+    assert set(by_kind["cell"]) == {"cancelled"}
