@@ -20,6 +20,7 @@ surrogate becomes U+FFFD), in the kernel and again on the host.
 """
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import re
@@ -255,8 +256,7 @@ class Kernel:
 
         The bridge accepts requests from this process and its descendants.
         """
-        prov = getattr(self.km, "provisioner", None)
-        proc = getattr(prov, "process", None)
+        proc = _process(self.km)
         return proc.pid if proc is not None else 0
 
     def share_file(self, path: str, fmt: str = "text", move: bool = False) -> str:
@@ -314,15 +314,7 @@ class Kernel:
                 if self._own_dir:
                     shutil.rmtree(self.workdir, ignore_errors=True)
                 return
-        if kc is not None:
-            try:
-                kc.stop_channels()
-            except Exception:
-                pass
-        if km is not None:
-            _stop(km, self.tag)
-        if self._own_dir and self.workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        _end(km, kc, self.tag, self.workdir if self._own_dir else "")
 
     def _defer_to_cell(self) -> bool:
         """When another thread is in :meth:`execute`: hand it the ZeroMQ part of the shutdown,
@@ -334,17 +326,8 @@ class Kernel:
             km, kc = self.km, self.kc
             self._closed = True
             self.km = self.kc = None  # the cell's thread sees it dead at its next poll
-            tag, workdir, own = self.tag, self.workdir, self._own_dir
-
-            def teardown() -> None:
-                try:
-                    kc.stop_channels()
-                except Exception:
-                    pass
-                _stop(km, tag)
-                if own and workdir:
-                    shutil.rmtree(workdir, ignore_errors=True)
-            self._deferred = teardown
+            self._deferred = functools.partial(_end, km, kc, self.tag,
+                                               self.workdir if self._own_dir else "")
         _kill(km, self.tag, direct=True)
         return True
 
@@ -366,7 +349,7 @@ class Kernel:
             return None
         with self._lock:
             km, kc = self.km, self.kc
-            proc = getattr(getattr(km, "provisioner", None), "process", None)
+            proc = _process(km)
             split = (km is not None and proc is not None and sandbox.supervisor_available()
                      and proc.poll() is None)
             if split:
@@ -391,32 +374,17 @@ class Kernel:
 
         def finish() -> None:
             try:
-                _wait_exit(proc.pid, 10.0)
-                exited = bool(os.waitid(os.P_PID, proc.pid,
-                                        os.WEXITED | os.WNOHANG | os.WNOWAIT))
+                exited = _wait_exit(proc.pid, 10.0)
             except (OSError, ChildProcessError):
                 exited = True
-            try:  # as jupyter_client's kill: the group (the supervisor is not reaped yet)
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
             if not exited:  # it did not end within 10 s
                 try:
                     proc.kill()
                 except OSError:
                     pass
-            try:
-                proc.wait(timeout=10)
-            except Exception:
-                pass
+            _reap(proc)
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    try:
-                        stream.close()
-                    except OSError:
-                        pass
             if own:
                 shutil.rmtree(workdir, ignore_errors=True)
         return finish
@@ -592,20 +560,11 @@ def _stop(km: KernelManager, tag: str) -> None:
     did not exit) jupyter_client's own ``shutdown_kernel(now=True)`` does it all.
     """
     _kill(km, tag)
-    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    proc = _process(km)
     try:
-        if proc is not None and (proc.returncode is not None or os.waitid(
-                os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
-            if proc.returncode is None:  # exited, not reaped: its group id is still ours
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # as jupyter_client's kill: the group
-                except OSError:
-                    pass
-                proc.wait()
+        if proc is not None and (proc.returncode is not None or _exited(proc.pid)):
+            _reap(proc)
             km.cleanup_resources()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
             return
     except Exception:
         pass
@@ -619,7 +578,7 @@ def _kill(km: KernelManager, tag: str, *, direct: bool = False) -> None:
     """The process part of :func:`_stop`: end the kernel's processes, leave its manager (its
     sockets, its ZeroMQ context) alone. Never raises. ``direct``: without a supervisor, kill
     the kernel process itself (else :func:`_stop` leaves that to ``shutdown_kernel``)."""
-    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    proc = _process(km)
     if proc is None:
         return
     if not sandbox.supervisor_available():
@@ -639,26 +598,76 @@ def _kill(km: KernelManager, tag: str, *, direct: bool = False) -> None:
             pass
 
 
-def _wait_exit(pid: int, limit: float) -> None:
+def _wait_exit(pid: int, limit: float) -> bool:
     """Wait up to ``limit`` seconds for child ``pid`` to exit, without reaping it: on a pidfd
-    (Linux 5.3+: woken at the exit) else by polling every 5 ms. Raises OSError,
-    ChildProcessError (not our child)."""
+    (Linux 5.3+: woken at the exit) else by polling every 5 ms. Returns whether it exited.
+    Raises OSError, ChildProcessError (not our child)."""
     deadline = time.monotonic() + limit
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = -1
     try:
-        while time.monotonic() < deadline:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                return
+        while not _exited(pid):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
             if fd >= 0:
-                select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+                select.select([fd], [], [], left)
             else:
                 time.sleep(0.005)
+        return True
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited (it is not reaped here). Raises ChildProcessError (not
+    our child)."""
+    return bool(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT))
+
+
+def _process(km: "KernelManager | None"):
+    """The kernel's top process (its supervisor on Linux), a ``subprocess.Popen`` held by
+    jupyter_client's local provisioner; None before the launch."""
+    return getattr(getattr(km, "provisioner", None), "process", None)
+
+
+def _reap(proc) -> None:
+    """After supervisor ``proc`` exited: SIGKILL what is left of its process group while its id
+    is still ours (not reaped yet; as jupyter_client's kill does), reap it, close its pipes.
+    Never raises."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except Exception:
+        pass
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def _end(km: "KernelManager | None", kc, tag: str, workdir: str) -> None:
+    """The end of :meth:`Kernel.shutdown`, on the thread that used the client: close its
+    channels, :func:`_stop` the kernel, remove ``workdir`` (our own temporary directory; ""
+    for none). Never raises."""
+    if kc is not None:
+        try:
+            kc.stop_channels()
+        except Exception:
+            pass
+    if km is not None:
+        _stop(km, tag)
+    if workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Pending:

@@ -258,13 +258,13 @@ def share_file(path: str, workdir: str, ident: Identity | None, *, move: bool = 
         return path
     base = os.path.basename(path)
     dest = os.path.join(workdir, f".ctx-{len(os.listdir(workdir))}-{base}")
-    try:
-        if not move:
-            raise OSError("copy")
-        os.rename(path, dest)
-    except OSError:
+    if not move:
         shutil.copyfile(path, dest)
-        if move:
+    else:
+        try:
+            os.rename(path, dest)
+        except OSError:  # another filesystem
+            shutil.copyfile(path, dest)
             os.unlink(path)
     _give(dest, ident)
     return dest

@@ -112,15 +112,8 @@ class LoadedContext:
     def _rewrite(self) -> None:
         """Write :attr:`value` to a new temporary file (the same bytes as the first time),
         next to the one given away, and make it :attr:`path`."""
-        import tempfile
-        text = json.dumps(self.value, ensure_ascii=False) if self.fmt == "json" else self.value
-        data = text.encode("utf-8")  # clean: see _write_text
-        d, name = os.path.split(self.path)
-        fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=os.path.splitext(name)[1],
-                                    dir=d or None)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        self.path, self._given = path, False
+        again = _write(self.value, self.fmt, self.source, os.path.dirname(self.path) or None)
+        self.path, self._given = again.path, False
 
     def discard(self) -> None:
         """Remove the temporary files, if this context wrote any (not one given to a kernel)."""
@@ -216,7 +209,7 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
         if _blank(source):
             raise ContextError("context is empty; give the text to work on")
         # bytes read as UTF-8 (no BOM, no other encoding found) are the text's own encoding
-        same = _utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
+        same = formats.is_utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
         return _write_text(source, "<value>", scratch_dir, raw if same else None)
     if isinstance(source, str):
         if _blank(source):
@@ -284,7 +277,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         if isinstance(cleaned, str):
             return _write_text(cleaned, source, scratch_dir)
         if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
-                encoding.lower().replace("-", "") in ("utf8", "auto"):
+                formats.is_utf8(encoding):
             return LoadedContext(value, "json", os.path.abspath(path), False, source)
         return _write(cleaned, "json", source, scratch_dir)
     conv = formats.convert(name, data, source, encoding)
@@ -293,7 +286,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     if conv.kind == "text" and _blank(conv.value):
         raise ContextError(f"context {source} is empty; give a file with the text to work on")
     if conv.kind == "text" and not conv.notes and path != "-" and not comp \
-            and encoding.lower().replace("-", "") in ("utf8", "auto") \
+            and formats.is_utf8(encoding) \
             and not data.startswith(b"\xef\xbb\xbf"):
         # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
         return LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
@@ -307,12 +300,6 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         ctx.meta["note"] = f"It holds {what} read from {os.path.basename(path) or source}" + (
             f" ({'; '.join(conv.notes)})" if conv.notes else "") + "."
     return ctx
-
-
-def _utf8(encoding: str | None) -> bool:
-    """True if ``encoding`` (an ``encoding=`` option) means UTF-8 or detection (``auto``)."""
-    return encoding is None or encoding.lower().replace("-", "").replace("_", "") in (
-        "utf8", "auto", "")
 
 
 #: From this size (bytes) a text context is hashed in a second thread while it is written.

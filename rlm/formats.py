@@ -117,6 +117,13 @@ def _bom_encoding(data: bytes) -> str | None:
     return None
 
 
+def is_utf8(encoding: str | None) -> bool:
+    """True if ``encoding`` (an ``encoding=`` option) means UTF-8 or detection (None, ``""``,
+    ``"auto"``, ``"utf-8"``, ``"UTF8"``, ``"utf_8"``)."""
+    return encoding is None or encoding.lower().replace("-", "").replace("_", "") in (
+        "utf8", "auto", "")
+
+
 def decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
     """Decode text; returns ``(text, detected)`` where ``detected`` names an encoding found by
     detection (None when the text is UTF-8 or ``encoding`` was given). A UTF-8 BOM is dropped;
@@ -128,8 +135,7 @@ def decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | N
         ContextError: an unknown ``encoding``, or bytes that do not decode with the given one.
     """
     text, detected = _decode_raw(data, source, encoding)
-    if detected is None and (encoding in (None, "", "auto") or
-                             encoding.lower().replace("-", "").replace("_", "") == "utf8"):
+    if detected is None and is_utf8(encoding):
         return text, None  # strict UTF-8 never decodes to a surrogate: no second scan
     return clean_text(text), detected
 

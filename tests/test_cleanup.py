@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-HOST = textwrap.dedent("""
+#: the start of a host script: a scripted endpoint whose sub-calls answer "leaf"
+_HOST_START = """
     import sys, time
     sys.path.insert(0, {tests!r})
     from scripted_server import ScriptedServer
@@ -21,6 +22,9 @@ HOST = textwrap.dedent("""
         msgs = req["messages"]
         if msgs[0]["role"] != "system":
             return "leaf"
+"""
+
+HOST = textwrap.dedent(_HOST_START + """\
         turn = sum(1 for m in msgs if m["role"] == "assistant")
         if "of 7 characters" in msgs[0]["content"]:   # children: sleep in their cells
             return "```repl\\nimport time\\nprint('child running', flush=True)\\ntime.sleep(120)\\n```"
@@ -152,16 +156,7 @@ def test_a_kernel_stopped_by_its_host_leaves_no_directory_even_if_the_host_stops
         k.shutdown()
 
 
-INTERRUPTED_HOST = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
-    from scripted_server import ScriptedServer
-    import rlm
-
-    def responder(req):
-        msgs = req["messages"]
-        if msgs[0]["role"] != "system":
-            return "leaf"
+INTERRUPTED_HOST = textwrap.dedent(_HOST_START + """\
         if "ROOTQ" not in str(msgs):  # the children: busy in their cells
             return "```repl\\nimport time\\nprint('child running', flush=True)\\ntime.sleep(60)\\n```"
         return "```repl\\nouts = rlm_batched(['child-%d' % i for i in range(2)])\\n```"

@@ -187,16 +187,7 @@ class WriteBehind(Store):
         """Commit the queued calls, cells and spend rows, then ``item``, in one transaction
         (``events``: the queued stage transitions too); return ``item``'s row count. Raises
         ``JournalError`` (nothing of it committed; the queue is kept)."""
-        with self._chain_lock:
-            q = self._state()[2]
-            queued, evs = self._take(q, events)
-            try:
-                counts = self._commit(evs + queued + [item], item[1])
-            except BaseException:
-                self._put_back(q, queued, evs)
-                raise
-        self._log_conflicts(evs + queued, counts)
-        return counts[-1]
+        return self._commit_queue([item], item[1], events)[-1]
 
     def flush(self) -> None:
         """Commit every queued record now (one transaction).
@@ -204,18 +195,27 @@ class WriteBehind(Store):
         Raises:
             JournalError: the commit failed; the records stay queued.
         """
+        self._commit_queue([], None, True)
+
+    def _commit_queue(self, extra: list[tuple], action: str | None,
+                      events: bool) -> list[int]:
+        """Take the queue (``events``: the transitions too) and commit it, then ``extra``, in one
+        transaction; returns the row counts (``[]``: nothing to write). On failure the queue is
+        put back and the ``JournalError`` raised."""
         with self._chain_lock:
             q = self._state()[2]
-            items, evs = self._take(q)
-            if not items and not evs:
-                return
+            items, evs = self._take(q, events)
+            batch = evs + items
+            if not batch and not extra:
+                return []
             try:
-                counts = self._commit(evs + items, f"write {len(items) + len(evs)} queued "
-                                                   f"record(s)")
+                counts = self._commit(batch + extra,
+                                      action or f"write {len(batch)} queued record(s)")
             except BaseException:
                 self._put_back(q, items, evs)
                 raise
-        self._log_conflicts(evs + items, counts)
+        self._log_conflicts(batch, counts)
+        return counts
 
     def _before_read(self) -> None:
         """A reader in this process sees what it wrote: commit the queue first (a failure is
