@@ -20,6 +20,7 @@ with tiktoken and marked ``usage_estimated`` (warned once per client).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import threading
@@ -135,6 +136,27 @@ def _openai():
 
 _REQUEST_OPTIONS = {"extra_headers": "headers", "timeout": "timeout"}
 
+_PROXY_VARS = ("http_proxy", "all_proxy")
+
+
+def _plain_http_client(base_url: str):
+    """The HTTP client of an endpoint reached over plain HTTP, or None (``openai``'s default).
+
+    ``openai``'s default client loads the system's CA certificates into a TLS context when it
+    is built (about 25 ms of CPU here, on the critical path of a run's first model call) even
+    for an ``http://`` endpoint, which never uses it: local servers (vLLM, llama.cpp, the
+    embedded model's) are reached that way. For such a URL, with no proxy configured for
+    HTTP, the client is ``openai.DefaultHttpxClient`` (its limits and timeout) built without
+    a CA store and without following redirects, so nothing it sends can reach an ``https://``
+    URL unverified: a redirect is an error naming its status. Otherwise (``https://``, a
+    proxy) None: the default client, with certificate verification.
+    """
+    if not base_url.lower().startswith("http://"):
+        return None
+    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+        return None
+    return _openai().DefaultHttpxClient(verify=False, follow_redirects=False)
+
 
 def _post_chat(client, kwargs: dict):
     """``client.chat.completions.create(**kwargs)`` without its typed-parameter transform.
@@ -218,7 +240,8 @@ class ModelClient:
                 if self._client_obj is None:
                     from . import http_deadline
                     client = _openai().OpenAI(base_url=self.base_url, api_key=self._api_key,
-                                              max_retries=0, timeout=self._timeout)
+                                              max_retries=0, timeout=self._timeout,
+                                              http_client=_plain_http_client(self.base_url))
                     self._hard_deadline = http_deadline.install(client)
                     self._client_obj = client
         return self._client_obj

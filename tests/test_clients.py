@@ -183,6 +183,31 @@ def test_subcall_endpoint_error_is_an_exception_in_the_kernel(api):
 # --------------------------------------------------------------------------- 8. endpoint down
 
 
+def test_a_plain_http_endpoint_that_redirects_is_an_error_not_followed(scripted, monkeypatch):
+    # an http:// endpoint's client has no CA store (it never does TLS), so it must never
+    # reach an https:// URL: a redirect is reported, not followed (one request, no retry)
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    to = f"https://127.0.0.1:{closed_port()}/v1/chat/completions"
+    srv = scripted(lambda req: Reply(status=307, content="moved", headers={"Location": to}))
+    with pytest.raises(rlm.EndpointError) as ei:
+        ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    assert "HTTP 307" in str(ei.value) and srv.count == 1
+
+
+def test_with_a_proxy_configured_a_plain_http_endpoint_gets_the_default_client(scripted,
+                                                                             monkeypatch):
+    # with a proxy for HTTP the client is openai's default (verified TLS, redirects followed):
+    # the redirect is followed to the https URL, where nothing listens
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    to = f"https://127.0.0.1:{closed_port()}/v1/chat/completions"
+    srv = scripted(lambda req: Reply(status=307, content="moved", headers={"Location": to}))
+    with pytest.raises(rlm.EndpointError) as ei:
+        ModelClient(srv.base_url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+    assert "unreachable" in str(ei.value) and srv.count == 1
+
+
 def test_endpoint_down_raises_endpoint_error():
     port = closed_port()
     url = f"http://127.0.0.1:{port}/v1"
