@@ -1,7 +1,8 @@
-"""Kernel lifecycle on jupyter_client: start, execute with a timeout, interrupt, restart, shut down.
+"""Kernel lifecycle: start, execute with a timeout, interrupt, restart, shut down.
 
-A :class:`Kernel` is one ipykernel process started by ``jupyter_client`` with
-a scrubbed environment (:func:`kernels.secrets.kernel_env`, an allow-list: no API
+A :class:`Kernel` is one ipykernel process, launched by :mod:`kernels.launch` (a Jupyter
+connection file and the process, before ``jupyter_client`` is even imported) and driven
+through ``jupyter_client``'s blocking client, with a scrubbed environment (:func:`kernels.secrets.kernel_env`, an allow-list: no API
 keys or tokens of the host), its own working directory, and IPC transport for its
 ZeroMQ channels. The kernel imports :mod:`kernels.runtime` at start-up
 (:data:`kernels.protocol.BOOT_CODE`), so a kernel taken from the :class:`KernelPool`
@@ -34,15 +35,14 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from harness.text import clean_text
 from kernels import sandbox
+from kernels.launch import Launched, connection_info, launch
 from kernels.protocol import BOOT_CODE
 from kernels.secrets import kernel_env
 
-if TYPE_CHECKING:  # jupyter_client takes ~0.2 s to import: only when a kernel starts
-    from jupyter_client import KernelManager
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -97,16 +97,6 @@ class StartGate:
 START_GATE = StartGate()
 
 
-def _kernel_spec():
-    """The kernel spec of ipykernel under this interpreter, built here: resolving the installed
-    ``python3`` spec searches the Jupyter paths and imports IPython (~0.15 s) for an argv that
-    is replaced anyway."""
-    from jupyter_client.kernelspec import KernelSpec
-    return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                      display_name="Python 3 (ipykernel)", language="python",
-                      interrupt_mode="signal")
-
-
 @dataclass
 class CellResult:
     """What one executed cell produced.
@@ -133,7 +123,7 @@ class KernelDied(Exception):
 
 
 class Kernel:
-    """One ipykernel process driven through a blocking jupyter_client client.
+    """One ipykernel process driven through a blocking ``jupyter_client`` client.
 
     Constructing one starts nothing; :meth:`start` does.
 
@@ -154,7 +144,7 @@ class Kernel:
         if workdir:
             os.makedirs(workdir, exist_ok=True)
         self.start_timeout = start_timeout
-        self.km: KernelManager | None = None
+        self.km: Launched | None = None
         self.kc = None
         #: the user the kernel runs as (None: the host's own); see kernels.sandbox
         self.identity: sandbox.Identity | None = None
@@ -162,7 +152,7 @@ class Kernel:
         self.tag = ""
         self._lock = threading.Lock()
         self._closed = False
-        self._launched: KernelManager | None = None  # the process is up, not yet answering
+        self._launched: Launched | None = None  # the process is up, not yet answering
         self._launch_lock = threading.Lock()
         self._cell_thread: int | None = None  # the thread inside execute(), if any
         self._deferred: Callable[[], None] | None = None  # its ZeroMQ teardown, left to it
@@ -183,40 +173,36 @@ class Kernel:
         with START_GATE:
             return self._ready(self._launch())
 
-    def _launch(self) -> "KernelManager":
-        """Launch the kernel's process (the caller holds a place in the gate); returns its
-        manager. Raises RuntimeError when shut down before, KernelUserError as :meth:`start`."""
+    def _launch(self) -> Launched:
+        """Launch the kernel's process (the caller holds a place in the gate), without importing
+        ``jupyter_client`` (:mod:`kernels.launch`); returns it. Raises RuntimeError when shut
+        down before, KernelUserError as :meth:`start`, OSError when it could not start."""
         with self._launch_lock:
             if self._closed:  # shut down while it waited for its place
                 raise RuntimeError("kernel was shut down while starting")
             if not self.workdir:
                 self.workdir = tempfile.mkdtemp(prefix="rlm-k-")
-        from jupyter_client import KernelManager
         self.identity = sandbox.kernel_identity()
-        km = KernelManager(kernel_name="python3", transport="ipc")
-        km.ip = os.path.join(self.workdir, ".k")
-        km.connection_file = os.path.join(self.workdir, "kernel.json")
-        km._kernel_spec = _kernel_spec()
-        argv = list(km.kernel_spec.argv)
+        connection_file = os.path.join(self.workdir, "kernel.json")
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file,
+                f"--IPKernelApp.exec_lines={BOOT_CODE}", "--HistoryManager.enabled=False",
+                "--IPKernelApp.log_level=CRITICAL"]
         if sandbox.supervisor_available():
             argv = sandbox.supervised_argv(argv, workdir=self.workdir,
-                                           connection_file=km.connection_file,
+                                           connection_file=connection_file,
                                            ident=self.identity, own_dir=self._own_dir)
-        km.kernel_spec.argv = argv
-        quiet = {} if os.environ.get("RLM_DEBUG") else {"stdout": subprocess.DEVNULL,
-                                                         "stderr": subprocess.DEVNULL}
         self.tag = secrets.token_hex(8)
         with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting")
-            km.start_kernel(env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
-                            extra_arguments=[f"--IPKernelApp.exec_lines={BOOT_CODE}",
-                                             "--HistoryManager.enabled=False",
-                                             "--IPKernelApp.log_level=CRITICAL"], **quiet)
+            km = launch(argv, connection_file=connection_file,
+                        info=connection_info(os.path.join(self.workdir, ".k")),
+                        env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
+                        quiet=not os.environ.get("RLM_DEBUG"))
             self._launched = km  # from now on shutdown() ends the process at once
         return km
 
-    def _ready(self, km: "KernelManager") -> "Kernel":
+    def _ready(self, km: Launched) -> "Kernel":
         """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
         kc = km.blocking_client()
         kc.start_channels()
@@ -307,9 +293,9 @@ class Kernel:
             with self._launch_lock:
                 launched, self._launched = self._launched, None
             if launched is not None:
-                # end its processes only: the thread in start() is using the manager's ZeroMQ
-                # context (its client waits for the kernel) and tears it down itself once the
-                # kernel is gone; destroying it from here aborted the interpreter in zmq
+                # end its processes only: the thread in start() is using its client's ZeroMQ
+                # context (it waits for the kernel) and tears it down itself once the kernel
+                # is gone; destroying it from here aborted the interpreter in zmq
                 _kill(launched, self.tag, direct=True)
                 if self._own_dir:
                     shutil.rmtree(self.workdir, ignore_errors=True)
@@ -336,9 +322,9 @@ class Kernel:
         processes to be gone (a child RLM returning its answer): returns a function that does
         the rest, or None when everything is done already. Never raises.
 
-        On this thread: the client's channels are closed, the supervisor is sent SIGTERM, and
-        the manager's ZeroMQ resources and connection files are released (everything that
-        touches ZeroMQ, so nothing of it runs on another thread). The returned function only
+        On this thread: the client's channels and ZeroMQ context are closed, the supervisor is
+        sent SIGTERM, and the connection files are removed (everything that touches ZeroMQ, so
+        nothing of it runs on another thread). The returned function only
         waits for the supervisor to exit (about 10 ms: it kills the kernel and its
         descendants), kills the process group, reaps the supervisor and removes the working
         directory: it may run on any thread, and must run (no process is left once it
@@ -514,7 +500,7 @@ class Kernel:
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
 
 
-def _wait_for_ready(km: "KernelManager", kc, timeout: float) -> None:
+def _wait_for_ready(km: Launched, kc, timeout: float) -> None:
     """Wait until the kernel answers ``kernel_info`` on its shell channel and its IOPub channel
     delivers (a kernel's first IOPub messages are lost until the subscription is made); the
     public client calls of jupyter_client's ``wait_for_ready``, without its last step: it then
@@ -543,7 +529,7 @@ def _wait_for_ready(km: "KernelManager", kc, timeout: float) -> None:
             raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
 
 
-def _stop(km: KernelManager, tag: str) -> None:
+def _stop(km: Launched, tag: str) -> None:
     """Shut a kernel down at once, with every process it started. Never raises.
 
     The supervisor is asked first (SIGTERM: it kills the kernel and all its descendants,
@@ -552,12 +538,9 @@ def _stop(km: KernelManager, tag: str) -> None:
     If the supervisor was already gone (killed before it could clean up), every process
     still carrying the kernel's ``tag`` is killed (:func:`kernels.sandbox.kill_tagged`).
 
-    Once the supervisor has exited, the rest is what ``KernelManager.shutdown_kernel(now=True)``
-    does, without its fixed 10 ms pause (jupyter_client 8 sleeps 0.01 s in every state change
-    of a manager "so tests can capture the state"; a child RLM's end waited for it): SIGKILL to
-    the kernel's process group, reap, then the manager's public ``cleanup_resources()``
-    (connection and IPC files, control socket, ZeroMQ context). Otherwise (no supervisor, or it
-    did not exit) jupyter_client's own ``shutdown_kernel(now=True)`` does it all.
+    Once the supervisor has exited: SIGKILL to the kernel's process group, reap, then
+    ``cleanup_resources()`` (connection and IPC files). Otherwise (no supervisor, or it did
+    not exit) :meth:`kernels.launch.Launched.shutdown_kernel` kills the group and reaps.
     """
     _kill(km, tag)
     proc = _process(km)
@@ -574,8 +557,8 @@ def _stop(km: KernelManager, tag: str) -> None:
         pass
 
 
-def _kill(km: KernelManager, tag: str, *, direct: bool = False) -> None:
-    """The process part of :func:`_stop`: end the kernel's processes, leave its manager (its
+def _kill(km: Launched, tag: str, *, direct: bool = False) -> None:
+    """The process part of :func:`_stop`: end the kernel's processes, leave its client (its
     sockets, its ZeroMQ context) alone. Never raises. ``direct``: without a supervisor, kill
     the kernel process itself (else :func:`_stop` leaves that to ``shutdown_kernel``)."""
     proc = _process(km)
@@ -628,10 +611,10 @@ def _exited(pid: int) -> bool:
     return bool(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT))
 
 
-def _process(km: "KernelManager | None"):
-    """The kernel's top process (its supervisor on Linux), a ``subprocess.Popen`` held by
-    jupyter_client's local provisioner; None before the launch."""
-    return getattr(getattr(km, "provisioner", None), "process", None)
+def _process(km: "Launched | None"):
+    """The kernel's top process (its supervisor on Linux), a ``subprocess.Popen``; None before
+    the launch."""
+    return km.process if km is not None else None
 
 
 def _reap(proc) -> None:
@@ -655,7 +638,7 @@ def _reap(proc) -> None:
                 pass
 
 
-def _end(km: "KernelManager | None", kc, tag: str, workdir: str) -> None:
+def _end(km: "Launched | None", kc, tag: str, workdir: str) -> None:
     """The end of :meth:`Kernel.shutdown`, on the thread that used the client: close its
     channels, :func:`_stop` the kernel, remove ``workdir`` (our own temporary directory; ""
     for none). Never raises."""
@@ -704,7 +687,7 @@ class Pending:
         threading.Thread(target=self._run, args=(km,), daemon=True,
                          name="rlm-kernel-start").start()
 
-    def _run(self, km: "KernelManager | None") -> None:
+    def _run(self, km: "Launched | None") -> None:
         try:
             if km is None:
                 self.kernel.start()

@@ -319,3 +319,37 @@ def _outcome(k):
         return k.execute("import time; time.sleep(60)", timeout=120)
     except BaseException as exc:  # noqa: BLE001 - what the cell's thread sees
         return exc
+
+
+LAUNCH_FIRST = """
+import sys
+from kernels.kernel import Kernel, Pending
+p = Pending(Kernel(), launch_here=True)  # launched on this thread, as head_start does
+launched = p.kernel._launched
+print("IMPORTED_BEFORE_LAUNCH", "jupyter_client" in sys.modules, launched is not None
+      and launched.is_alive(), flush=True)
+p.done.wait(60)
+assert p.error is None, p.error
+k = p.kernel
+r, _ = k.execute("print(6 * 7)")
+t, _ = k.execute("import time; time.sleep(30)", timeout=1.0)  # interrupted: SIGINT to its group
+u, _ = k.execute("print('still')")
+print("OUT", r.output.strip(), t.timed_out, u.output.strip(), flush=True)
+k.shutdown()
+import os
+print("GONE", not os.path.exists(launched.connection_file), not os.path.exists(k.workdir),
+      flush=True)
+"""
+
+
+def test_a_kernel_is_launched_before_jupyter_client_is_imported(tmp_path):
+    # the process starts first (kernels/launch.py); jupyter_client comes with the client only
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", LAUNCH_FIRST], capture_output=True, text=True,
+                       timeout=120, cwd=root)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "IMPORTED_BEFORE_LAUNCH False True" in p.stdout, p.stdout
+    assert "OUT 42 True still" in p.stdout, p.stdout
+    assert "GONE True True" in p.stdout, p.stdout
