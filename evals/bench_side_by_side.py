@@ -38,6 +38,10 @@ The figures (what a user pays, whole calls or whole processes):
 - *64 sub-calls at 200 ms*: one ``llm_query_batched`` of 64 prompts, latency 200 ms,
   concurrency 16 (ours ``max_concurrency=16``; the reference's batch concurrency is 16),
   timed in the kernel; ideal 64 / 16 x 0.2 s = 0.80 s.
+  A diagnostic row times the same 64 calls made with the ``openai`` client alone
+  (``chat.completions.create`` on 16 threads sharing one client, after one untimed call, in
+  this project's venv, the same client version as the reference's): the floor the client's own
+  CPU per call sets.
 - *50 MB context extra wall over 1 KB*: wall time of a one-turn ``completion`` call given the
   context as a ``str`` (read from a file by the worker before the call), 50 MB minus 1 KB;
   three pairs per repetition.
@@ -243,8 +247,13 @@ class Bench:
         return got
 
     def fig_fanout(self, order) -> dict:
-        return {h: self.inner(h, "fanout", 200, concurrency=16)["fanout"]
-                for h in order(["ours", "ref"])}
+        got = {}
+        for h in order(["ours", "direct", "ref"]):
+            if h == "direct":  # the openai client alone on 16 threads, in our venv
+                got[h] = self.inner("ours", "fanout-direct", 200, n=64, concurrency=16)["fanout"]
+            else:
+                got[h] = self.inner(h, "fanout", 200, concurrency=16)["fanout"]
+        return got
 
     def fig_context(self, order) -> dict:
         """Three small/big pairs per harness (a call's own start-up varies by +-0.3 s here,
@@ -369,6 +378,9 @@ def rows(stats: dict, quick: bool) -> list[dict]:
          "child:ref:warm", ("ratio", 0.03)),
         ("64 sub-calls at 200 ms latency, concurrency 16 (ideal 0.80 s)", "s", "fanout:ours",
          "fanout:ref", ("abs", 1.05 * fan_ideal)),
+        ("  the same 64 calls made with the `openai` client alone on 16 threads, no harness "
+         "(in the 'ours' columns; both harnesses use this client version)", "s",
+         "fanout:direct", None, None),
         ("50 MB context: extra wall over a 1 KB context", "s", "context:ours", "context:ref",
          ("ratio", 0.5)),
         ("trivial one-turn run, process start to exit (`rlm run`)", "s", "trivial:ours",

@@ -68,9 +68,40 @@ def direct_calls(url: str, n: int) -> list[float]:
     return out
 
 
+def direct_fanout(url: str, n: int, threads: int) -> float:
+    """``n`` direct ``openai`` client calls (``chat.completions.create``) on ``threads`` threads
+    sharing one client, no harness, after one untimed call: the wall time in seconds. The floor
+    the client itself sets for the fan-out figure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    c = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
+
+    def one(i: int) -> str:
+        r = c.chat.completions.create(model="bench",
+                                      messages=[{"role": "user", "content": f"item {i}"}])
+        return r.choices[0].message.content
+
+    one(-1)  # untimed, as the harness's client made the root's call before its batch
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        out = list(pool.map(one, range(n)))
+    dt = time.perf_counter() - t0
+    assert all(x.startswith("answer to item") for x in out), out[:3]
+    c.close()
+    return dt
+
+
 def main() -> None:
     harness, scenario, base_url, raw = sys.argv[1:5]
     opts = json.loads(raw)
+    if scenario == "fanout-direct":  # no harness: the client alone
+        dt = direct_fanout(base_url, opts["n"], opts["concurrency"])
+        print("BENCH-RESULT " + json.dumps({"answer": json.dumps({"fanout": dt}), "t_call": dt,
+                                            "t_read": 0.0, "t_before_call": 0.0, "direct": []}),
+              flush=True)
+        return
     t_read = 0.0
     if opts.get("context_file"):
         t0 = time.perf_counter()
