@@ -537,29 +537,21 @@ def _stop(km: Launched, tag: str) -> None:
     If the supervisor was already gone (killed before it could clean up), every process
     still carrying the kernel's ``tag`` is killed (:func:`kernels.sandbox.kill_tagged`).
 
-    Once the supervisor has exited: SIGKILL to the kernel's process group, reap, then
-    ``cleanup_resources()`` (connection and IPC files). Otherwise (no supervisor, or it did
-    not exit) :meth:`kernels.launch.Launched.shutdown_kernel` kills the group and reaps.
+    Then (the supervisor exited, or there is none, or it did not exit in time): SIGKILL to the
+    kernel's process group, reap (:func:`_reap`), and ``cleanup_resources()`` (connection and
+    IPC files).
     """
     _kill(km, tag)
     proc = _process(km)
-    try:
-        if proc is not None and (proc.returncode is not None or _exited(proc.pid)):
-            _reap(proc)
-            km.cleanup_resources()
-            return
-    except Exception:
-        pass
-    try:
-        km.shutdown_kernel(now=True)
-    except Exception:
-        pass
+    if proc is not None:
+        _reap(proc)
+    km.cleanup_resources()
 
 
 def _kill(km: Launched, tag: str, *, direct: bool = False) -> None:
     """The process part of :func:`_stop`: end the kernel's processes, leave its client (its
     sockets, its ZeroMQ context) alone. Never raises. ``direct``: without a supervisor, kill
-    the kernel process itself (else :func:`_stop` leaves that to ``shutdown_kernel``)."""
+    the kernel process itself (else :func:`_stop` leaves that to :func:`_reap`)."""
     proc = _process(km)
     if proc is None:
         return

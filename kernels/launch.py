@@ -64,7 +64,7 @@ def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: 
 
 class Launched:
     """One kernel process started by :func:`launch`: what this project needs of a kernel
-    manager (the process, its liveness, interrupt, forced shutdown, clean-up, a client).
+    manager (the process, its liveness, interrupt, clean-up of its files, a client).
 
     Attributes:
         process: the ``subprocess.Popen`` (the kernel's supervisor on Linux).
@@ -91,23 +91,6 @@ class Launched:
             os.killpg(self.pgid, signal.SIGINT)
         except OSError:
             pass
-
-    def shutdown_kernel(self, now: bool = True) -> None:
-        """Kill the process group at once, reap the process, then :meth:`cleanup_resources`.
-        ``now`` is accepted for the manager's signature (always at once). Never raises."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except OSError:
-                try:
-                    self.process.kill()
-                except OSError:
-                    pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        self.cleanup_resources()
 
     def cleanup_resources(self) -> None:
         """Remove the connection file and the IPC socket files. Never raises. (The client
