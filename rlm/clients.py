@@ -315,7 +315,7 @@ class ModelClient:
             EndpointError: unreachable or failing after ``max_attempts``, or a
                 non-transient HTTP error (message says which and what to do).
             DeadlineExceeded: the deadline ended the call (an ``EndpointError``).
-            ModelReplyError: the reply has no choices/message.
+            ModelReplyError: the reply has no choices/message, or its body is not valid JSON.
         """
         attempts: list[dict] = []
         t0 = time.monotonic()
@@ -415,6 +415,10 @@ class ModelClient:
                     hint = {401: "check --api-key / OPENAI_API_KEY",
                             403: "check the key's permissions",
                             404: "check --model and --base-url"}.get(exc.status_code, "")
+                    location = exc.response.headers.get("location") \
+                        if 300 <= exc.status_code < 400 else None
+                    if location:  # a plain-HTTP client does not follow redirects
+                        hint = f"it redirects to {location}: give that as --base-url"
                     raise EndpointError(
                         f"model endpoint {self.base_url} answered HTTP {exc.status_code} "
                         f"after {len(attempts)} attempt(s): {_short(exc)}"
@@ -431,6 +435,10 @@ class ModelClient:
             except openai.OpenAIError as exc:
                 raise EndpointError(f"model endpoint {self.base_url} failed: {_short(exc)}") \
                     from None
+            except ValueError as exc:  # the client's JSON decoding of the reply's body
+                raise ModelReplyError(f"model endpoint {self.base_url} sent a reply that is not "
+                                      f"valid JSON ({_short(exc)}): is --base-url an "
+                                      "OpenAI-compatible endpoint?") from None
         choices = getattr(resp, "choices", None) or []
         if not choices or getattr(choices[0], "message", None) is None:
             raise ModelReplyError(f"model endpoint {self.base_url} sent a reply with no message "

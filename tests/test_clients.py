@@ -193,6 +193,7 @@ def test_a_plain_http_endpoint_that_redirects_is_an_error_not_followed(scripted,
     with pytest.raises(rlm.EndpointError) as ei:
         ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
     assert "HTTP 307" in str(ei.value) and srv.count == 1
+    assert f"it redirects to {to}" in str(ei.value)
 
 
 def test_with_a_proxy_configured_a_plain_http_endpoint_gets_the_default_client(scripted,
@@ -206,6 +207,42 @@ def test_with_a_proxy_configured_a_plain_http_endpoint_gets_the_default_client(s
     with pytest.raises(rlm.EndpointError) as ei:
         ModelClient(srv.base_url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
     assert "unreachable" in str(ei.value) and srv.count == 1
+
+
+BAD_BODIES = {"junk": b"{not json", "empty": b"", "truncated": b'{"choices": [{"message": {',
+              "array": b"[]", "string": b'"hello"', "no-choices": b'{"id": "x"}',
+              "choices-null": b'{"choices": null}'}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_BODIES))
+def test_a_malformed_reply_body_is_a_model_reply_error(kind):
+    # a 200 whose body is not a chat completion (not JSON at all, cut short, the wrong shape)
+    # is the endpoint's fault, said as such: never an internal error of the harness
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = BAD_BODIES[kind]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(rlm.ModelReplyError) as ei:
+            ModelClient(f"http://127.0.0.1:{srv.server_address[1]}/v1", API_KEY,
+                        max_attempts=1).complete(MSGS, MODEL)
+        assert "model endpoint http://127.0.0.1" in str(ei.value)
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_endpoint_down_raises_endpoint_error():
