@@ -183,7 +183,7 @@ class Kernel:
                 self.workdir = tempfile.mkdtemp(prefix="rlm-k-")
         self.identity = sandbox.kernel_identity()
         connection_file = os.path.join(self.workdir, "kernel.json")
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file,
+        argv = [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
                 f"--IPKernelApp.exec_lines={BOOT_CODE}", "--HistoryManager.enabled=False",
                 "--IPKernelApp.log_level=CRITICAL"]
         if sandbox.supervisor_available():

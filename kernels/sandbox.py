@@ -186,7 +186,8 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
     """``argv`` (a kernel command line) wrapped to run under :mod:`kernels.supervisor`.
 
     Args:
-        argv: the kernel's command (``[python, -m, ipykernel_launcher, -f, {connection_file}]``).
+        argv: the kernel's command
+            (``[python, -m, kernels.ipykernel_main, -f, {connection_file}, ...]``).
         workdir: the kernel's working directory (chowned to ``ident``; its ``HOME``).
         connection_file: the Jupyter connection file (chowned to ``ident``).
         ident: the user to run as, or None for the host's own user.

@@ -359,3 +359,21 @@ def test_a_kernel_is_launched_before_jupyter_client_is_imported(tmp_path):
     assert "IMPORTED_BEFORE_LAUNCH True True" in p.stdout, p.stdout
     assert "OUT 42 True still" in p.stdout, p.stdout
     assert "GONE True True" in p.stdout, p.stdout
+
+
+def test_a_kernel_starts_without_the_debugger_and_imports_from_its_directory():
+    # kernels/ipykernel_main.py: ipykernel's launcher with debugpy left out (a cold start
+    # 70-100 ms shorter); the cells' own imports still find modules in the kernel's directory
+    k = kk.Kernel().start()
+    try:
+        res, _ = k.execute(
+            "import sys\n"
+            "print('DEBUGPY', 'debugpy' in sys.modules and sys.modules['debugpy'] is None)\n"
+            "open('mod_in_workdir.py', 'w').write('V = 41')\n"
+            "import mod_in_workdir\n"
+            "print('V', mod_in_workdir.V + 1)\n", timeout=60)
+        assert res.error is None, res.output
+        assert "DEBUGPY True" in res.output, res.output
+        assert "V 42" in res.output, res.output
+    finally:
+        k.shutdown()
