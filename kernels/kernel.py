@@ -104,6 +104,8 @@ class CellResult:
         output: stdout, stderr, results and the error traceback, in order (str, untruncated).
         error: the exception as ``"Name: value"`` if the cell raised, else None.
         timed_out: the cell ran past its timeout and was interrupted.
+        interrupted: the cell was interrupted because ``stop`` was set (the run cancelled or
+            interrupted from outside), not by its timeout.
         died: the kernel process died during the cell (it has been restarted).
         final: the answer set by ``FINAL``/``FINAL_VAR`` in this cell, if any.
         seconds: wall time of the execution (s).
@@ -112,6 +114,7 @@ class CellResult:
     output: str = ""
     error: str | None = None
     timed_out: bool = False
+    interrupted: bool = False
     died: bool = False
     final: str | None = None
     seconds: float = 0.0
@@ -434,7 +437,10 @@ class Kernel:
             if interrupted_at is None:
                 stopped = stop is not None and stop.is_set()
                 if stopped or (deadline is not None and now > deadline):
-                    res.timed_out = True
+                    if stopped:
+                        res.interrupted = True
+                    else:
+                        res.timed_out = True
                     interrupted_at = now
                     wait = min(grace, 1.0) if stopped else grace
                     self.interrupt()
@@ -442,7 +448,8 @@ class Kernel:
                         on_interrupt()
             elif now - interrupted_at > wait:
                 self.shutdown()
-                raise KernelDied("the cell ignored the interrupt after its timeout")
+                raise KernelDied("the cell ignored the interrupt" + (
+                    " after its timeout" if res.timed_out else ""))
 
         while not idle:
             try:

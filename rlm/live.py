@@ -144,6 +144,7 @@ def plain_line(stage: Mapping, prev: str | None = None) -> str | None:
     err = f": {err[:160]}" if err and st != "completed" else ""
     ev = stage.get("evidence") if isinstance(stage.get("evidence"), dict) else {}
     notes = ", ".join(n for n, f in (("timed out", ev.get("timed_out")),
+                                     ("interrupted", ev.get("interrupted")),
                                      ("kernel died", ev.get("died"))) if f)
     notes = f" ({notes})" if notes else ""
     if kind in ("iteration", "child") or (st != "completed" and kind != "run") or \

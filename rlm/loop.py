@@ -174,7 +174,8 @@ class RLMLoop:
                     cell_scope.close()
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = {"code": code, "output": out, "final": res.final,
-                                 "timed_out": res.timed_out, "died": res.died}
+                                 "timed_out": res.timed_out, "interrupted": res.interrupted,
+                                 "died": res.died}
                 if res.final is not None and self.check is not None:
                     verdict = self.check.check(res.final)  # the FINAL-acceptance gate
                     cell.evidence["check"] = verdict.evidence()

@@ -73,7 +73,7 @@ def _stage_text(st: Mapping, call: Mapping | None, limit: int) -> dict | None:
         if isinstance(ev, Mapping):
             t["code"] = _cut(ev.get("code"), limit)
             t["output"] = _cut(ev.get("output"), limit)
-            for flag in ("timed_out", "died"):
+            for flag in ("timed_out", "interrupted", "died"):
                 if ev.get(flag):
                     t[flag] = True
             if ev.get("final") is not None:

@@ -142,3 +142,15 @@ def test_terminal_shows_the_live_panel(tmp_path):
     assert re.search(r"calls \d+ / 40 +\d+%", seen), seen  # usage against the cap
     assert re.search(r"\d+\.\d s elapsed · \d+ stages · \d+ active", seen), seen
     assert tr.ANSWER in final and "active stages" not in final  # the panel is gone at the end
+
+
+def test_a_cell_line_says_why_the_cell_stopped():
+    from rlm.live import plain_line
+    base = {"kind": "cell", "id": "0.c1", "level": 1, "status": "cancelled",
+            "started_at": 1.0, "ended_at": 2.5}
+    interrupted = plain_line(dict(base, evidence={"timed_out": False, "interrupted": True}))
+    assert interrupted.startswith("L1 cell 0.c1 cancelled (interrupted) in 1.50 s"), interrupted
+    assert "timed out" not in interrupted
+    timed_out = plain_line(dict(base, status="failed", error="KeyboardInterrupt: ",
+                                evidence={"timed_out": True, "interrupted": False}))
+    assert "failed (timed out)" in timed_out, timed_out
