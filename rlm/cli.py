@@ -420,9 +420,21 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted()
 
 
-def _interrupted() -> int:
-    print("rlm: interrupted; every kernel of the run was shut down. Resume with "
-          "`rlm resume RUN_ID` (see `rlm runs`).", file=sys.stderr)
+def _interrupted(exc: BaseException | None = None, command: str | None = None) -> int:
+    """Say that the command was interrupted and how to go on; returns exit code 130.
+    ``exc``: the ``KeyboardInterrupt``, carrying the run's ``result`` and ``journaled`` when
+    it came through a run (:func:`rlm.drive.drive`)."""
+    res = getattr(exc, "result", None)
+    run_id = getattr(res, "run_id", None)
+    if command == "replay":
+        hint = "The run replayed is unchanged in the journal."
+    elif run_id and getattr(exc, "journaled", False):
+        hint = f"Resume it with `rlm resume {run_id}`."
+    elif run_id:
+        hint = f"Run {run_id} was not journaled, so it cannot be resumed."
+    else:
+        hint = "If the run had started, resume it with `rlm resume RUN_ID` (see `rlm runs`)."
+    print(f"rlm: interrupted; every kernel of the run was shut down. {hint}", file=sys.stderr)
     return 130
 
 
@@ -481,8 +493,8 @@ def _main(argv: list[str]) -> int:
         except OSError:
             pass
         return 0
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc, args.command)
     except (RLMError, HarnessError) as exc:
         print(f"rlm: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)

@@ -90,7 +90,9 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
             is journaled or started).
         RLMError, DivergenceError: an unrecoverable failure (endpoint, kernel, divergence);
             the partial :class:`Result` is attached as ``exc.result``.
-        KeyboardInterrupt: interrupted; the run is journaled as ``cancelled``.
+        KeyboardInterrupt: interrupted; the run is journaled as ``cancelled``. Like the
+            errors above it carries the partial ``result``, and ``journaled`` (bool: whether
+            the run was recorded, so that it can be resumed).
     """
     from .loop import RLMLoop
     t0 = time.monotonic()
@@ -153,7 +155,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
         journal.finish_run(run.run_id, status=status, answer=answer,
                            usage=res.journal_usage(), error=reason or None)
     if raised is not None:
-        if not isinstance(raised, KeyboardInterrupt):
-            raised.result = res  # type: ignore[attr-defined]
+        raised.result = res  # type: ignore[attr-defined]
+        raised.journaled = journal is not None  # type: ignore[attr-defined]
         raise raised
     return res

@@ -269,6 +269,16 @@ def test_kind5_interrupt_cancels_nested_children_and_ctrl_c(tmp_path):
         assert sum(s.status == "cancelled" for s in leaves) >= 60 - 12
         children = [s for s in res.tree.all() if s.kind == "child"]
         assert children and all(s.status in ("cancelled", "failed") for s in children)
+        # the root's cell ran into its own timeout; its children's cells were interrupted by
+        # it, which is not a timeout of theirs
+        cells = [s for s in res.tree.all() if s.kind == "cell" and s.evidence]
+        root_cell = next(s for s in cells if s.level == 0 and "rlm_batched" in
+                         s.evidence["code"])
+        assert root_cell.evidence["timed_out"] and not root_cell.evidence["interrupted"]
+        child_cells = [(s.status, s.evidence) for s in cells if s.level == 1]
+        assert child_cells or not sent_by_children  # leaves are sent by a child's cell only
+        assert all(ev["interrupted"] and not ev["timed_out"]
+                   for _, ev in child_cells), (root_cell.evidence, child_cells)
 
         # Ctrl-C: a CLI run in the middle of a slow batch of 30 leaves ('of 240 characters')
         p = _cli(["run", "--context", _ctx(tmp_path), "--query", "q", "--base-url", srv.base_url,
@@ -290,9 +300,12 @@ def test_kind5_interrupt_cancels_nested_children_and_ctrl_c(tmp_path):
     con = sqlite3.connect(tmp_path / "j.sqlite3")
     statuses = [json.loads(r[0])["status"] for r in con.execute(
         "SELECT stage FROM stages WHERE kind = 'llm_query'")]
+    [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
     con.close()
     assert statuses and "pending" not in statuses and "running" not in statuses
     assert statuses.count("cancelled") >= len(statuses) - 4
+    # the way on names the run
+    assert f"Resume it with `rlm resume {run_id}`." in err, err[-800:]
 
 
 # --------------------------------------------------------------------------- kind 11
