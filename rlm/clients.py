@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -466,7 +467,7 @@ class ModelClient:
         pt, ct = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         cost = usage.get("cost")
         cost = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
-            else None
+            and math.isfinite(cost) and cost >= 0 else None
         estimated = False
         # no usage, a field missing, or zeros for a non-empty exchange: nothing was reported
         if pt is None or ct is None or (not pt and not ct and (raw or reasoning)):
@@ -552,7 +553,8 @@ class ModelClient:
 def _count(v) -> int | None:
     """A token count from a reply's ``usage``: a non-negative int (or integral float), else
     None (absent or not a count: the caller estimates it)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
+            or (isinstance(v, float) and not math.isfinite(v)):
         return None
     return int(v)
 

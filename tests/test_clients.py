@@ -3,6 +3,7 @@ rest, an endpoint that is down, and each attempt recorded, through the real ``op
 client against a real HTTP server."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -211,13 +212,15 @@ def test_with_a_proxy_configured_a_plain_http_endpoint_gets_the_default_client(s
 
 BAD_BODIES = {"junk": b"{not json", "empty": b"", "truncated": b'{"choices": [{"message": {',
               "array": b"[]", "string": b'"hello"', "no-choices": b'{"id": "x"}',
-              "choices-null": b'{"choices": null}'}
+              "choices-null": b'{"choices": null}', "choice-not-object": b'{"choices": ["x"]}',
+              "message-not-object": b'{"choices": [{"message": "hi"}]}',
+              "not-text": b"\x80\x81\xfe{}"}
 
 
-@pytest.mark.parametrize("kind", sorted(BAD_BODIES))
-def test_a_malformed_reply_body_is_a_model_reply_error(kind):
-    # a 200 whose body is not a chat completion (not JSON at all, cut short, the wrong shape)
-    # is the endpoint's fault, said as such: never an internal error of the harness
+@contextlib.contextmanager
+def _serving(body: bytes):
+    """A server on 127.0.0.1 answering every POST with HTTP 200 and ``body``; yields its
+    base URL."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
     class H(BaseHTTPRequestHandler):
@@ -226,7 +229,6 @@ def test_a_malformed_reply_body_is_a_model_reply_error(kind):
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = BAD_BODIES[kind]
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -236,13 +238,50 @@ def test_a_malformed_reply_body_is_a_model_reply_error(kind):
     srv = HTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(rlm.ModelReplyError) as ei:
-            ModelClient(f"http://127.0.0.1:{srv.server_address[1]}/v1", API_KEY,
-                        max_attempts=1).complete(MSGS, MODEL)
-        assert "model endpoint http://127.0.0.1" in str(ei.value)
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_BODIES))
+def test_a_malformed_reply_body_is_a_model_reply_error(kind):
+    # a 200 whose body is not a chat completion (not JSON at all, cut short, the wrong shape)
+    # is the endpoint's fault, said as such: never an internal error of the harness
+    with _serving(BAD_BODIES[kind]) as url:
+        with pytest.raises(rlm.ModelReplyError) as ei:
+            ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+        assert "model endpoint http://127.0.0.1" in str(ei.value)
+
+
+@pytest.mark.parametrize("usage", [
+    '{"prompt_tokens": Infinity, "completion_tokens": 5, "cost": NaN}',
+    '{"prompt_tokens": -7, "completion_tokens": 5, "cost": -1.5}',
+    '{"prompt_tokens": "12", "completion_tokens": null, "cost": "0.1"}',
+    '[1, 2]',
+])
+def test_usage_that_is_not_a_count_is_estimated_not_trusted(usage):
+    # a reply's usage is read as counts only: anything else (not finite, negative, a string,
+    # not an object) is counted locally, and such a cost is dropped; a negative cost or count
+    # would lower what the caps see
+    body = ('{"choices": [{"message": {"role": "assistant", "content": "hello there"}}], '
+            f'"usage": {usage}}}').encode()
+    with _serving(body) as url:
+        c = ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+    assert c.text == "hello there"
+    assert c.usage_estimated
+    assert c.prompt_tokens > 0 and c.completion_tokens > 0
+    assert c.cost_usd is None
+
+
+def test_usage_counts_and_cost_reported_as_numbers_are_taken():
+    body = (b'{"choices": [{"message": {"role": "assistant", "content": "hi"}, '
+            b'"finish_reason": "stop"}], "model": "served-model", '
+            b'"usage": {"prompt_tokens": 31, "completion_tokens": 4.0, "cost": 0.25}}')
+    with _serving(body) as url:
+        c = ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+    assert (c.text, c.prompt_tokens, c.completion_tokens, c.cost_usd) == ("hi", 31, 4, 0.25)
+    assert not c.usage_estimated and c.finish_reason == "stop" and c.model == "served-model"
 
 
 def test_endpoint_down_raises_endpoint_error():
