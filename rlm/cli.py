@@ -103,6 +103,9 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
 def _context_arg(paths: list[str]):
     """``--context`` values -> what :func:`rlm.completion` takes: one Path, ``"-"``, or Paths."""
     from .errors import ConfigError
+    if any(not p for p in paths):  # Path("") would be the current directory
+        raise ConfigError("--context '' is an empty path: give a file, a directory or '-' "
+                          "for stdin")
     if len(paths) == 1:
         return "-" if paths[0] == "-" else Path(paths[0])
     if "-" in paths:

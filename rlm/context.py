@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -139,6 +140,32 @@ def _check_bytes(data: bytes, source: str) -> None:
                            "give a text or .json file (convert office files to text first)")
 
 
+def _read_capped(f, limit: int, source: str, *, early: bool) -> bytes:
+    """All of ``f`` (a binary file object: a file, a device, a pipe, stdin), refusing more than
+    ``limit`` bytes without reading past ``limit + 1``. ``early``: check the first chunk for
+    NUL bytes before reading on (for sources with no size, which may never end).
+
+    Raises:
+        ContextError: over ``limit``, or binary at its start (``early``).
+    """
+    from .sources import _CHUNK, _human
+    chunks: list[bytes] = []
+    total = 0
+    while total <= limit:
+        chunk = f.read(min(_CHUNK, limit + 1 - total))
+        if not chunk:
+            break
+        if early and not chunks and not _blank(chunk):
+            _check_bytes(chunk, source)
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > limit:
+        raise ContextError(f"context {source} holds more than --max-context-bytes {limit:,} "
+                           f"({_human(limit)}): reading stopped there. Give a smaller input, or "
+                           "raise --max-context-bytes")
+    return b"".join(chunks)
+
+
 def _decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
     return formats.decode(data, source, encoding)
 
@@ -232,22 +259,33 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
                max_bytes: int | None = None) -> LoadedContext:
     from .sources import DEFAULT_MAX_BYTES, _too_big
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+    regular = False  # a regular file (read in place by the kernel when it can be)
     if path == "-":
-        data = sys.stdin.buffer.read()
         source, name = "<stdin>", ""
+        data = _read_capped(sys.stdin.buffer, limit, source, early=True)
     else:
+        if not path:
+            raise ContextError("the context path is empty: give a file, a directory or '-' "
+                               "for stdin")
         p = Path(path)
         if not p.exists():
             raise ContextError(f"context file not found: {path}")
         if p.is_dir():
             raise ContextError(f"context path is a directory, not a file: {path}")
+        source, name = path, p.name
         try:
-            if p.stat().st_size > limit:
-                raise _too_big([(p.name, p.stat().st_size)], limit, path)
-            data = p.read_bytes()
+            st = p.stat()
+            regular = stat.S_ISREG(st.st_mode)
+            if regular and st.st_size > limit:
+                raise _too_big([(p.name, st.st_size)], limit, path)
+            with open(p, "rb") as f:
+                # a device or a pipe has no size: read it up to the cap, and give up at once
+                # on one whose first bytes are binary (/dev/zero, /dev/urandom)
+                inner, comp = formats.split_suffixes(name)
+                data = _read_capped(f, limit, source, early=not regular and
+                                    not comp and formats.suffix(inner) != ".pdf")
         except OSError as exc:
             raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
-        source, name = path, p.name
     if _blank(data):
         _check_bytes(data, source)
     inner, comp = formats.split_suffixes(name)
@@ -285,7 +323,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         raise ContextError(f"context {source} is empty (no {conv.kind}); give the data to work on")
     if conv.kind == "text" and _blank(conv.value):
         raise ContextError(f"context {source} is empty; give a file with the text to work on")
-    if conv.kind == "text" and not conv.notes and path != "-" and not comp \
+    if conv.kind == "text" and not conv.notes and regular and not comp \
             and formats.is_utf8(encoding) \
             and not data.startswith(b"\xef\xbb\xbf"):
         # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding

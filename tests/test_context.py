@@ -89,6 +89,22 @@ def test_empty_stdin(refuse):
     assert_clean_error(refuse("-", input=""), 2, "empty", "stdin")
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_that_never_ends_is_refused_at_once(refuse, device):
+    # no size to check first: its first bytes are binary, so reading stops there (it used to
+    # read until memory ran out)
+    assert_clean_error(refuse(device), 2, "binary", device)
+
+
+def test_stdin_over_the_cap_is_refused_without_reading_it_all(refuse):
+    res = refuse("-", "--max-context-bytes", "1000", input="y\n" * 1_500_000)
+    assert_clean_error(res, 2, "stdin", "more than --max-context-bytes 1,000")
+
+
+def test_an_empty_context_path_is_not_the_current_directory(refuse):
+    assert_clean_error(refuse(""), 2, "empty path")
+
+
 # --------------------------------------------------------------------------- CLI: good input
 
 
@@ -129,6 +145,24 @@ def test_context_from_stdin(cli, scripted):
     data = "piped in\nfrom stdin — ünïcode\n"
     out = _run_ok(cli, srv, "-", input=data)
     assert out == repr(data)
+
+
+def test_context_from_a_named_pipe(cli, scripted, tmp_path):
+    # a FIFO is read once, up to the cap, and its text handed over (never read in place)
+    import os
+    import threading
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    data = "through a named pipe\n" * 1000
+
+    def write():
+        with open(fifo, "w") as f:
+            f.write(data)
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    srv = scripted(script([repl("FINAL(repr(context))")]))
+    assert _run_ok(cli, srv, str(fifo)) == repr(data)
+    t.join(5)
 
 
 def test_utf8_bom_is_dropped(cli, scripted, tmp_path):
