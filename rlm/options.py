@@ -221,13 +221,44 @@ class Option:
 
 
 def _http_url(v: Any) -> str | None:
-    if str(v).startswith(("http://", "https://")):
-        return None
-    return f"must be an http:// or https:// URL, got {v!r}"
+    """None for an http(s) URL the client can send to (a host, a valid port and address), else
+    what is wrong with it (RFC 3986 syntax through ``urllib.parse``; dotted numbers must be an
+    IPv4 address)."""
+    import ipaddress
+    import re
+    from urllib.parse import urlsplit
+    bad = f"must be an http:// or https:// URL such as http://127.0.0.1:8000/v1, got {v!r}"
+    if not isinstance(v, str) or not v.startswith(("http://", "https://")) \
+            or any(c.isspace() or ord(c) < 32 for c in v):
+        return bad
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        host = parts.hostname
+    except ValueError as exc:
+        return f"{bad} ({exc})"
+    if not host:
+        return f"{bad} (no host)"
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{bad} ({host} is not an IPv4 address)"
+    return None
 
 
 def _not_blank(v: Any) -> str | None:
     return None if str(v).strip() else "must not be empty"
+
+
+def _run_id(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string, got {type(v).__name__} {v!r}"
+    if not v.strip():
+        return "must not be empty"
+    if len(v) > 200 or any(ord(c) < 32 or ord(c) == 127 for c in v):
+        return "must be at most 200 printable characters"
+    return None
 
 
 def _prompt(v: Any) -> str | None:
@@ -358,7 +389,7 @@ OPTIONS: tuple[Option, ...] = (
            doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`', doc_default="built-in"),
     # -- which run, where it is recorded -----------------------------------------------------
     Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
-           check=_not_blank,
+           check=_run_id,
            help="name the run; an id that finished returns the recorded result, a crashed or "
                 "failed one is resumed",
            doc="a finished id returns the recorded result; a crashed or failed one resumes",
@@ -392,7 +423,7 @@ OPTIONS: tuple[Option, ...] = (
                "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
                "`{rlm_line}`, `{to_text}` (`{{`/`}}` for braces)",
            doc_default="`general`; `small` on the embedded model"),
-    Option("temperature", None, float, 0.0, stored=True,
+    Option("temperature", None, float, 0.0, min=0.0, max=2.0, stored=True,
            doc="sampling temperature of every model call"),
     Option("max_kernel_restarts", None, int, 3, min=0, max=100, stored=True,
            doc="restarts of one RLM's kernel before that RLM fails"),
@@ -461,6 +492,11 @@ def validate_options(o: Mapping[str, Any]) -> None:
             problem = opt.check(v)
             if problem:
                 raise ConfigError(f"{opt.label} {problem}")
+    env_url = os.environ.get("OPENAI_BASE_URL")
+    if not o.get("base_url") and env_url:
+        problem = _http_url(env_url)
+        if problem:
+            raise ConfigError(f"OPENAI_BASE_URL {problem}")
     if o.get("model") and not endpoint_configured(o):
         raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
                           "OPENAI_BASE_URL / OPENAI_API_KEY); without one the embedded model "

@@ -240,8 +240,11 @@ def test_every_range_error_names_its_flag(opt):
     ({"cell_timeout": 0}, "--cell-timeout must be > 0 and <= 86400, got 0"),
     ({"max_tokens": 0}, "--max-tokens must be >= 1 and <= 1e+15, got 0"),
     ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1 and <= 1e+06, got 0"),
-    ({"base_url": "ftp://x"}, "--base-url must be an http:// or https:// URL, got 'ftp://x'"),
+    ({"base_url": "ftp://x"}, "--base-url must be an http:// or https:// URL such as "
+                              "http://127.0.0.1:8000/v1, got 'ftp://x'"),
     ({"run_id": "  "}, "--run-id must not be empty"),
+    ({"run_id": 5}, "--run-id must be a string, got int 5"),
+    ({"run_id": "a\nb"}, "--run-id must be at most 200 printable characters"),
     ({"divergence": "maybe"}, "divergence must be 'stop' or 'live'"),
     ({"include": 3}, "--include must be a glob pattern or a list of them, got 3"),
     ({"exclude": ["*.py", None]}, "--exclude must be a glob pattern or a list of them, got "
@@ -255,6 +258,27 @@ def test_validation_messages(options, message):
         validate_options(options)
     assert str(err.value) == message
     assert reg.MAX_DEPTH_LIMIT == 8
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:abc/v1", "Port could not be cast"), ("http://127.0.0.1:99999/v1", "range"),
+    ("http://256.1.1.1/v1", "not an IPv4 address"), ("http://[::1/v1", "IPv6"),
+    ("http:///v1", "no host"), ("http://exa mple.com/v1", "got"), (8000, "got 8000"),
+])
+def test_a_base_url_the_client_could_not_send_to_is_refused_before_the_run(url, why,
+                                                                            monkeypatch):
+    # each of these reached the HTTP client, whose own error then ended the run as an
+    # internal one (exit 1) and left it 'running' in the journal
+    with pytest.raises(ConfigError) as err:
+        validate_options({"base_url": url})
+    assert str(err.value).startswith("--base-url must be an http:// or https:// URL")
+    assert why in str(err.value)
+    monkeypatch.setenv("OPENAI_BASE_URL", str(url))
+    with pytest.raises(ConfigError, match="^OPENAI_BASE_URL must be an http"):
+        validate_options({})
+    for good in ("http://127.0.0.1:8000/v1", "https://api.openai.com/v1", "http://[::1]:80/v1",
+                 "http://localhost/v1"):
+        validate_options({"base_url": good})
 
 
 def test_endpoint_is_configured_by_options_or_environment(monkeypatch):
