@@ -108,6 +108,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
                                                      opts.child_model) if m})
         except Exception as exc:
             run.close()
+            ctx.discard()  # no loop took the context: its scratch copy goes here
             raise ConfigError(str(exc)) from None
     journal = opts.journal if record else None
     heartbeat = None
@@ -139,6 +140,8 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
         status, reason, raised = "cancelled", "interrupted", KeyboardInterrupt()
     except (RLMError, DivergenceError) as exc:
         status, reason, raised = "failed", str(exc), exc
+    except Exception as exc:  # a bug: the run is still journaled as failed, not left running
+        status, reason, raised = "failed", f"internal error: {type(exc).__name__}: {exc}", exc
     finally:
         run.close()
         cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")

@@ -397,3 +397,33 @@ def test_kind3_json_and_stderr_say_estimated(scripted, cli, tmp_path):
     assert out["answer"] == "ss" and out["usage_estimated"] is True
     assert out["usage"]["total_tokens"] > 0 and out["usage"]["calls"] == 3
     assert res.stderr.count("sent no token usage") == 1
+
+
+def test_a_bug_mid_run_still_journals_the_run_as_failed(api, tmp_path, monkeypatch):
+    # an unexpected exception (a bug of the harness, simulated here) used to leave the run
+    # 'running' in the journal, shown as crashed; it ends 'failed' with the error named
+    import rlm.loop
+    from harness.journal import Journal
+
+    def broken(self, *a, **kw):
+        raise RuntimeError("simulated bug")
+    monkeypatch.setattr(rlm.loop.RLMLoop, "_turn", broken)
+    path = tmp_path / "j.sqlite3"
+    with pytest.raises(RuntimeError, match="simulated bug") as err:
+        api(script([repl("FINAL('x')")]), journal=str(path), run_id="bug-run")
+    assert err.value.result.status == "failed"
+    with Journal(path) as j:
+        rec = j.get_run("bug-run")
+    assert rec["status"] == "failed", rec
+    assert "internal error: RuntimeError: simulated bug" in (rec.get("error") or ""), rec
+
+
+def test_a_refused_cost_cap_leaves_no_copy_of_the_context(api, tmp_path, monkeypatch):
+    import tempfile
+
+    import rlm
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(rlm.ConfigError, match="price"):
+        api(script([repl("FINAL('x')")]), "a context given as a string", model="no-price-model",
+            max_cost_usd=0.5)
+    assert not list(tmp_path.glob("rlm-ctx-*")), list(tmp_path.iterdir())
