@@ -28,7 +28,8 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
                        "search. Deep links: FILE.html#STAGE-ID.")
     v.add_argument("run_id", metavar="RUN_ID")
     v.add_argument("-o", "--output", metavar="FILE.html",
-                   help="output file (default rlm-view-RUN_ID.html in the current directory)")
+                   help="output file (default rlm-view-RUN_ID.html in the current directory, "
+                        "characters other than letters, digits and -_.: as _)")
     v.add_argument("--open", action="store_true", help="open the file in a web browser")
     v.add_argument("--max-text", type=int, default=None, metavar="N",
                    help="characters kept per reply, code, output or prompt (default 20000)")
@@ -72,7 +73,9 @@ def _cmd_view(args) -> int:
         raise ConfigError("--max-text must be at least 1 (characters kept per text)")
     j = _journal(args)
     payload = payload_from_journal(j, args.run_id, max_text=args.max_text or DEFAULT_MAX_TEXT)
-    out = Path(args.output or f"rlm-view-{args.run_id}.html")
+    # a run id may hold characters a file name cannot ("/" from a workflow engine's ids)
+    safe = "".join(c if c.isalnum() or c in "-_.:" else "_" for c in args.run_id)
+    out = Path(args.output or f"rlm-view-{safe}.html")
     write_view(payload, out)
     print(f"[rlm] wrote {out} ({out.stat().st_size:,} bytes, {len(payload['stages'])} stages)",
           file=sys.stderr)

@@ -271,3 +271,17 @@ def test_budget_stopped_run_shows_the_cap_it_hit(tmp_path, browser):
     assert re.search(r"2 / 2\s*100%", stat), stat
     stopped = browser.eval("[...document.querySelectorAll('#failures a')].map(a => a.textContent)")
     assert any("budget_exceeded" in a for a in stopped), stopped
+
+
+def test_default_file_name_of_a_run_id_with_a_slash(tmp_path):
+    # a workflow engine's run id ("flow/step-1") cannot be a file name as it is
+    journal = tmp_path / "j.sqlite3"
+    code = f"""
+from harness.journal import Journal
+j = Journal({str(journal)!r})
+j.create_run("flow/step-1", query="q?", model="m", max_depth=1, options={{}})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=clean_env())
+    p = rlm_cli("view", "flow/step-1", journal=journal, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "rlm-view-flow_step-1.html").is_file(), list(tmp_path.iterdir())
