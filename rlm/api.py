@@ -162,6 +162,8 @@ class RLM:
             opts = self._options(o, journal)
         except BaseException:
             ctx.discard()
+            if recorded is not None:  # claimed, never started: resumable again at once
+                journal.release_run(rec)
             raise
         if not plain:
             return drive(opts, ctx, query, run_id=run_id, recorded=recorded)

@@ -77,6 +77,7 @@ class Options:
     temperature: float | None = 0.0
     budget: Budget = field(default_factory=Budget)
     prices: PriceTable | None = None
+    price_file: str | None = None
     pool_size: int | None = None
     max_kernel_restarts: int = 3
     max_attempts: int = 6
@@ -384,9 +385,12 @@ OPTIONS: tuple[Option, ...] = (
            commands=(RUN,),
            help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
            doc="idle pre-started kernels for children", doc_default="0 / 2"),
-    Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=(RUN,),
-           help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}',
-           doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`', doc_default="built-in"),
+    Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
+           stored=True,
+           help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
+                "recorded with the run, so resume reads it again (give it to resume if it moved)",
+           doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`; its absolute path is '
+               "recorded, and resume reads it again", doc_default="built-in"),
     # -- which run, where it is recorded -----------------------------------------------------
     Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
            check=_run_id,
@@ -451,7 +455,8 @@ OPTIONS: tuple[Option, ...] = (
 OPTION_NAMES = frozenset(o.name for o in OPTIONS)
 _FIELDS = frozenset(f.name for f in fields(Options))
 # Options attributes rlm.run_config.build_options sets from the endpoint or the opened journal
-_RESOLVED = frozenset({"model", "sub_model", "child_model", "base_url", "api_key", "journal"})
+_RESOLVED = frozenset({"model", "sub_model", "child_model", "base_url", "api_key", "journal",
+                       "price_file"})
 
 
 def check_names(names: Iterable[str]) -> None:

@@ -67,7 +67,9 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
     opts = Options(model=model, sub_model=None if embedded else o.get("sub_model"),
                    child_model=None if embedded else o.get("child_model"),
                    base_url=base_url, api_key=api_key, budget=budget, prices=prices,
-                   journal=journal, embedded=embedded)
+                   journal=journal, embedded=embedded,
+                   price_file=str(Path(o["price_file"]).expanduser().resolve())
+                   if o.get("price_file") else None)
     for opt in OPTIONS:
         if opt.to_options:
             setattr(opts, opt.name, _value(opt, o, embedded))

@@ -332,8 +332,11 @@ def _record(opts: Options) -> dict:
     return {"run_id": "R", "options": json.loads(json.dumps(stored_options(opts, ctx)))}
 
 
-def test_every_stored_option_round_trips_through_the_journal_record():
+def test_every_stored_option_round_trips_through_the_journal_record(tmp_path):
     given = {o.name: _given(o) for o in OPTIONS if o.stored}
+    prices = tmp_path.resolve() / "prices.json"  # recorded as its absolute path
+    prices.write_text('{"m": {"input": 1, "output": 2}}')
+    given["price_file"] = str(prices)
     kw = {**given, "api_key": "secret-key"}
     opts = build_options(kw, reg.external_endpoint(kw))
     rec = _record(opts)
@@ -353,8 +356,6 @@ def test_every_stored_option_round_trips_through_the_journal_record():
 
 def test_options_not_stored_stay_out_of_the_record(tmp_path):
     given = {o.name: _given(o) for o in OPTIONS if not o.stored and o.name != "journal"}
-    given["price_file"] = str(tmp_path / "prices.json")
-    Path(given["price_file"]).write_text('{"m": {"input": 1, "output": 2}}')
     opts = build_options(given, ENDPOINT)
     for o in OPTIONS:
         if o.to_options and o.name in given:  # every given value reaches the run

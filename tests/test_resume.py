@@ -282,3 +282,44 @@ def test_divergence_policy_stop_then_live(setup):
         out = json.loads(r.stdout)
         assert out["answer"] == "done"
         assert out["replayed_calls"] == 1  # turn 0 only; live from the diverging turn on
+
+
+def test_a_run_with_a_price_file_and_a_cost_cap_resumes_without_giving_it_again(tmp_path):
+    # the price file's path is recorded with the run: resume reads it again (it used to fail
+    # with 'no price known' and `rlm resume` had no --price-file to give it)
+    import rlm
+    from rlm.api import resume
+
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"priced-model": {"input": 1000, "output": 1000}}')
+    state = {"fail": True}
+
+    def reply(req):
+        turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+        if turn == 1 and state["fail"]:
+            return Reply(status=400, content="bad request (once)")
+        if turn == 0:
+            return "```repl\nx = 6 * 7\n```"
+        return "```repl\nFINAL(str(x))\n```"
+
+    journal = str(tmp_path / "j.sqlite3")
+    with ScriptedServer(reply) as srv:
+        kw = dict(base_url=srv.base_url, api_key="k", model="priced-model", journal=journal)
+        with pytest.raises(rlm.EndpointError):
+            rlm.completion("ctx", "q", run_id="priced", price_file=str(prices),
+                           max_cost_usd=5.0, **kw)
+        state["fail"] = False
+        res = resume("priced", journal=journal, context="ctx")
+        assert (res.status, res.answer) == ("completed", "42"), res.reason
+        assert res.usage["cost_usd"] > 0  # priced from the recorded file
+        # the file moved: resume says where it looked, and takes the new path
+        state["fail"] = True
+        with pytest.raises(rlm.EndpointError):
+            rlm.completion("ctx", "q", run_id="priced-2", price_file=str(prices),
+                           max_cost_usd=5.0, **kw)
+        state["fail"] = False
+        moved = prices.rename(tmp_path / "moved.json")
+        with pytest.raises(rlm.ConfigError, match="prices.json"):
+            resume("priced-2", journal=journal, context="ctx")
+        res = resume("priced-2", journal=journal, context="ctx", price_file=str(moved))
+        assert (res.status, res.answer) == ("completed", "42"), res.reason

@@ -219,6 +219,25 @@ class RunRecords(WriteBehind):
             "owner_pid = ? AND owner_host = ? AND heartbeat_at IS ?",
             (os.getpid(), self._host, self._boot, now, now, run_id, pid, host, beat)))
 
+    def release_run(self, record: dict) -> bool:
+        """Give back a run this process claimed (:meth:`claim_run`) but did not start: its
+        status, owner, heartbeat and end time become those of ``record`` (the run as read
+        before the claim, from :meth:`get_run`), so it can be resumed again at once.
+
+        Returns:
+            ``True`` if released; ``False`` if this process no longer owns the run.
+        Raises:
+            JournalError: the write failed.
+        """
+        return bool(self._write1(
+            f"release run {record['run_id']!r}",
+            "UPDATE runs SET status = ?, owner_pid = ?, owner_host = ?, heartbeat_at = ?, "
+            "finished_at = ?, updated_at = ? WHERE run_id = ? AND owner_pid = ? "
+            "AND owner_host = ?",
+            (record.get("status"), record.get("owner_pid"), record.get("owner_host"),
+             record.get("heartbeat_at"), record.get("finished_at"), time.time(),
+             record["run_id"], os.getpid(), self._host)))
+
     def heartbeat(self, run_id: str) -> bool:
         """Refresh the heartbeat of a ``running`` run this process owns.
 
