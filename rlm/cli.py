@@ -219,6 +219,17 @@ def _setup_logging(args) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _all_attempts(usage: dict) -> str:
+    """The summary's note on a resumed run's spend over every attempt ('' for a first one)."""
+    a = usage.get("all_attempts")
+    if not isinstance(a, dict):
+        return ""
+    return (f"; this attempt only: over all attempts {a.get('calls', 0)} call(s), "
+            f"{a.get('total_tokens', 0)} tokens, ${a.get('cost_usd', 0):.4f}"
+            + (f" ({a['open_at_resume']} call(s) in flight at the crash counted at their "
+               "reservation)" if a.get("open_at_resume") else ""))
+
+
 def _emit(res, args, summary: bool = True) -> int:
     if args.json:
         print(json.dumps(res.to_dict(), ensure_ascii=False))
@@ -231,7 +242,7 @@ def _emit(res, args, summary: bool = True) -> int:
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
                   f"tokens, ${u.get('cost_usd', 0):.4f}"
                   + (" (estimated: the endpoint reported no usage)" if getattr(res, "usage_estimated", False)
-                     else ""), file=sys.stderr)
+                     else "") + _all_attempts(u), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
         print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
@@ -311,7 +322,9 @@ def _cmd_runs(args) -> int:
           f"{'COST $':>9}  MODEL / QUERY")
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("created_at") or 0))
-        cost = (r.get("usage") or {}).get("cost_usd") or 0.0
+        usage = r.get("usage") or {}
+        # a resumed run: what every attempt spent (the usage itself is the last attempt's)
+        cost = (usage.get("all_attempts") or usage).get("cost_usd") or 0.0
         q = (r.get("query") or "").replace("\n", " ")
         host = str(r.get("owner_host") or "-")[:16]
         print(f"{r['run_id']:<18} {started:<19} {r['state']:<15} {host:<16} "
@@ -376,8 +389,44 @@ def _log_unraisable(info) -> None:
                                    info.exc_type.__name__, info.exc_value, info.object)
 
 
-def _terminate(signum, frame):  # noqa: ARG001
+def _terminate(signum, frame):
+    """SIGINT and SIGTERM: raise KeyboardInterrupt in the main thread, so the command cleans up
+    as on Ctrl-C (kernels shut down, the run journaled as cancelled).
+
+    Not while the main thread is inside Python's import system: there the exception can land
+    in the clean-up of a module lock, where Python reports and drops it, and the lock other
+    threads wait on may stay taken (the kernel's start thread imports while the main thread
+    does, so a Ctrl-C in the first second could hang the command with the interrupt lost).
+    The signal is then sent again 20 ms later, until it arrives outside an import."""
+    f = frame
+    while f is not None:
+        if f.f_code.co_filename.startswith("<frozen importlib"):
+            if signum not in _RESEND:  # one resend at a time
+                import threading
+                _RESEND.add(signum)
+                t = threading.Timer(0.02, _resend, (signum,))
+                t.daemon = True
+                t.start()
+            return
+        f = f.f_back
     raise KeyboardInterrupt
+
+
+_RESEND: set = set()
+
+
+def _resend(signum: int) -> None:
+    _RESEND.discard(signum)
+    os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a workflow engine stopping the step) cleans up like Ctrl-C: kernels are shut
+        # down and the run is journaled as cancelled, so the same run id resumes it later
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _terminate)
 
 
 def _depth_flags(argv: list[str]) -> dict:
@@ -409,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             from kernels.kernel import drop_head_start, head_start
 
@@ -452,6 +502,8 @@ def entry() -> None:
     import atexit
     import threading
     code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # done: a late signal must not end the exit
+        signal.signal(sig, signal.SIG_IGN)
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
            for t in threading.enumerate()):
         sys.exit(code)  # a non-daemon thread still works: the normal way, which joins it
@@ -477,9 +529,6 @@ def _main(argv: list[str]) -> int:
     # text UTF-8 cannot encode (lone surrogates) is written as U+FFFD: see harness/text.py
     from harness.text import protect_streams
     protect_streams()
-    # SIGTERM (a workflow engine stopping the step) cleans up like Ctrl-C: kernels are shut
-    # down and the run is journaled as cancelled, so the same run id resumes it later.
-    signal.signal(signal.SIGTERM, _terminate)
     from harness.errors import HarnessError
 
     from .errors import RLMError

@@ -293,3 +293,24 @@ def test_ctrl_c_during_start_up_interrupts_the_run(scripted, ctx_file, tmp_path,
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert "Traceback" not in err and "rlm: interrupted" in err, err
     assert "late" not in out
+
+
+def test_a_signal_landing_in_an_import_is_delivered_again_after_it():
+    # Raised inside Python's import system, the KeyboardInterrupt could land in a module
+    # lock's clean-up, where Python drops it and may leave the lock taken: with the kernel's
+    # start thread importing too, an early Ctrl-C hung `rlm run`. The handler defers it.
+    import threading
+
+    from rlm import cli as rcli
+    code = compile("import sys\nframe = sys._getframe()", "<frozen importlib._bootstrap>", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    got = threading.Event()
+    old = signal.signal(signal.SIGUSR1, lambda *a: got.set())
+    try:
+        rcli._terminate(signal.SIGUSR1, ns["frame"])  # in an import: no exception now...
+        assert got.wait(5), "the signal was not sent again"  # ...but the signal comes back
+        with pytest.raises(KeyboardInterrupt):  # anywhere else: at once
+            rcli._terminate(signal.SIGUSR1, sys._getframe())
+    finally:
+        signal.signal(signal.SIGUSR1, old)
