@@ -147,7 +147,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
         cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
                     or raised is not None else "failed")
     res = Result(answer=answer, status=status, run_id=run.run_id,
-                 iterations=root.iterations if root else 0, usage=usage_summary(run.tree),
+                 iterations=root.iterations if root else 0, usage=_usage(run),
                  reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
                  max_level=run.tree.max_level(), kernels_started=run.kernels_started,
                  seconds=time.monotonic() - t0,
@@ -162,3 +162,15 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
         raised.journaled = journal is not None  # type: ignore[attr-defined]
         raise raised
     return res
+
+
+def _usage(run: RunTree) -> dict:
+    """The result's ``usage``: this attempt's calls (:func:`usage_summary`); for a resumed run
+    also ``all_attempts``, what the logical run spent over every attempt as its accountant
+    counts it (earlier attempts from the journal's spend ledger, a call in flight at a crash
+    at its reservation; ``open_at_resume``: how many such calls)."""
+    usage = usage_summary(run.tree)
+    carried = run.carried
+    if carried is not None:
+        usage["all_attempts"] = dict(run.accountant.totals(), open_at_resume=carried["open"])
+    return usage

@@ -21,7 +21,11 @@ class Result:
         run_id: the run's id (str); the journal key for resume/replay.
         iterations: root loop turns taken (int).
         usage: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` (tokens), ``calls``,
-            ``cost_usd`` (USD), plus ``by_model`` and ``by_level`` breakdowns of the same.
+            ``cost_usd`` (USD), plus ``by_model`` and ``by_level`` breakdowns of the same: the
+            calls this attempt sent (calls served from the journal are not in it). A resumed
+            run adds ``all_attempts``: the same totals over every attempt of the run, as its
+            caps count them (a call in flight at a crash at its reservation;
+            ``open_at_resume`` says how many).
         reason: why the run ended when it did not complete (str).
         cap: the budget cap that ended it (``cost``, ``tokens``, ``calls``, ``wall``...).
         stages: stage counts by kind (iteration, cell, llm_query, child, fallback...).

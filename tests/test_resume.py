@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from harness.journal import Journal
 from scripted_server import Reply, ScriptedServer
 
 CONTEXT = "".join(f"<section {i:02d}: the quick brown fox {i * 7 % 31}> " for i in range(12))
@@ -245,6 +246,14 @@ def test_resumed_run_is_charged_only_for_live_calls(setup):
     assert out["replayed_calls"] == 2  # root turn 0 and llm_query('a') came from the journal
     assert out["usage"]["calls"] == state["sent_after"]
     assert out["usage"]["calls"] == 3  # turn 1 (in flight at the kill), llm_query('b'), turn 2
+    # over all attempts: the 2 answered before the kill, the one in flight (at its
+    # reservation), and the 3 sent by the resume
+    every = out["usage"]["all_attempts"]
+    assert every["calls"] == 6 and every["open_at_resume"] == 1, every
+    answered = 100 + 20 + 10 + 5 + 2 * (100 + 20) + 10 + 5
+    assert every["total_tokens"] > answered, every  # plus the reservation of the lost call
+    with Journal(journal) as j:
+        assert j.get_run("c1")["usage"]["all_attempts"] == every
 
 
 def test_divergence_policy_stop_then_live(setup):
