@@ -36,6 +36,9 @@ class BudgetExceeded(HarnessError):
         self.used = used
         self.requested = requested
         self.remaining = max(limit - used, 0)
+        if message is None and cap == "wall":
+            message = (f"budget cap 'wall' reached: the run's wall-clock limit is {limit:g} s "
+                       f"and {used:.1f} s have passed")
         super().__init__(message or (
             f"budget cap '{cap}' would be exceeded: limit {limit:g}, used {used:g}, "
             f"this call needs {requested:g}, remaining {self.remaining:g}"))

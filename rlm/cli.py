@@ -100,6 +100,16 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return out
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def _context_arg(paths: list[str]):
     """``--context`` values -> what :func:`rlm.completion` takes: one Path, ``"-"``, or Paths."""
     from .errors import ConfigError
@@ -172,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sh, "show")
 
     ls = sub.add_parser("runs", help="list runs in the journal (newest first)")
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--limit", type=_positive_int, default=20, metavar="N",
+                    help="how many of the latest runs to list (default 20)")
     ls.add_argument("--json", action="store_true")
     add_arguments(ls, "runs")
 

@@ -306,8 +306,10 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             raise ContextError(f"context {source} is not valid JSON (line {exc.lineno}, "
                                f"column {exc.colno}: {exc.msg})") from None
         if not isinstance(value, (str, list, dict)):
-            raise ContextError(f"context {source} holds a JSON {type(value).__name__}; a JSON "
-                               "context must be a string, a list or an object")
+            kind = {type(None): "null", bool: "boolean", int: "number", float: "number"}.get(
+                type(value), type(value).__name__)
+            raise ContextError(f"context {source} holds a JSON {kind}; a JSON context must be a "
+                               "string, a list or an object")
         if not value or (isinstance(value, str) and _blank(value)):
             raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
                                "give the data to work on")

@@ -377,7 +377,7 @@ def build(items: list, *, origin: str, encoding: str | None = None,
             os.unlink(writer.path)
         if not skipped:
             extra = _ignored_text(ignored or {})
-            raise ContextError(f"context {origin} has no files to read" +
+            raise ContextError(f"context {origin}: no files to read there" +
                                (f" ({extra})" if extra else "") + "; give a directory with text files")
         shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
         raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "

@@ -314,3 +314,16 @@ def test_a_signal_landing_in_an_import_is_delivered_again_after_it():
             rcli._terminate(signal.SIGUSR1, sys._getframe())
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x"])
+def test_runs_limit_must_be_positive(cli, bad):
+    res = cli("runs", "--limit", bad)
+    assert res.rc == 2 and "--limit: must be a whole number >= 1" in res.stderr, res.stderr
+
+
+def test_the_wall_cap_message_gives_the_limit_and_the_time_passed():
+    from harness.errors import BudgetExceeded
+    msg = str(BudgetExceeded("wall", 30, 31.26, 0.0))
+    assert msg == ("budget cap 'wall' reached: the run's wall-clock limit is 30 s and 31.3 s "
+                   "have passed")

@@ -85,6 +85,12 @@ def test_malformed_json(refuse, tmp_path):
     assert_clean_error(refuse(str(tmp_path / "bad.json")), 2, "not valid JSON", "line 2")
 
 
+@pytest.mark.parametrize("body, kind", [("null", "null"), ("true", "boolean"), ("3.5", "number")])
+def test_a_json_scalar_is_named_in_json_terms(refuse, tmp_path, body, kind):
+    (tmp_path / "v.json").write_text(body)
+    assert_clean_error(refuse(str(tmp_path / "v.json")), 2, f"holds a JSON {kind};")
+
+
 def test_empty_stdin(refuse):
     assert_clean_error(refuse("-", input=""), 2, "empty", "stdin")
 
