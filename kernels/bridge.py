@@ -112,6 +112,26 @@ def _ancestors(pid: int, stop: int, limit: int = 16) -> bool:
     return False
 
 
+def sweep_stale_dirs() -> int:
+    """Remove the socket directories (``rlm-bridge-PID-*`` in the temporary directory) that
+    hosts killed before they could close their bridge left behind: the ones of this user whose
+    process ``PID`` no longer exists. Returns how many were removed; never raises."""
+    import glob
+    removed = 0
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "rlm-bridge-*-*")):
+        try:
+            pid = int(os.path.basename(d).split("-")[2])
+            if pid == os.getpid() or os.stat(d).st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        except (ValueError, IndexError, OSError):
+            continue  # not ours, or its host is alive (PermissionError: another user's)
+    return removed
+
+
 class BridgeServer:
     """Serves kernel requests on a Unix socket, one thread per connection.
 
@@ -130,7 +150,8 @@ class BridgeServer:
 
     def __init__(self, handler: Handler) -> None:
         self._handler = handler
-        self._dir = tempfile.mkdtemp(prefix="rlm-bridge-")
+        sweep_stale_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"rlm-bridge-{os.getpid()}-")
         os.chmod(self._dir, 0o700)
         self.path = os.path.join(self._dir, "b.sock")
         self._regs: dict[str, Registration] = {}

@@ -204,3 +204,30 @@ def test_ctrl_c_while_children_run_cancels_every_open_stage(tmp_path):
     assert not [s for s in stages if s["status"] in ("failed", "running", "pending")], \
         [(s["id"], s["status"], s.get("error")) for s in stages]
     assert set(by_kind["cell"]) == {"cancelled"}
+
+
+def test_a_killed_hosts_bridge_directory_is_swept_by_the_next_bridge(tmp_path, monkeypatch):
+    # a host killed with SIGKILL cannot remove its bridge's socket directory; the next host to
+    # open a bridge removes the ones whose process is gone, and no other
+    import tempfile
+
+    from kernels.bridge import BridgeServer
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f"rlm-bridge-{int(gone.stdout)}-x1y2"
+    dead.mkdir()
+    (dead / "b.sock").write_text("")
+    alive = tmp_path / f"rlm-bridge-{os.getppid()}-a1b2"
+    alive.mkdir()
+    other = tmp_path / "rlm-bridge-notapid-c3d4"
+    other.mkdir()
+    srv = BridgeServer(lambda reg, op, args: None)
+    try:
+        assert not dead.exists()
+        assert alive.exists() and other.exists()
+        mine = os.path.basename(os.path.dirname(srv.path))
+        assert mine.startswith(f"rlm-bridge-{os.getpid()}-")
+    finally:
+        srv.close()
+    assert not os.path.exists(os.path.dirname(srv.path))
