@@ -102,7 +102,9 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     run = RunTree(opts, run_id=run_id, recorded=recorded, client=client, adopt_head=not plain)
     if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
         opts.cancel.attach(run)
-    if opts.budget.max_cost_usd is not None:
+    # a replay sends nothing (every call is served from the journal, a refusal from its
+    # record): it needs no prices, and the price file may be gone
+    if record and opts.budget.max_cost_usd is not None:
         try:
             run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
                                                      opts.child_model) if m})
@@ -112,19 +114,19 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
             raise ConfigError(str(exc)) from None
     journal = opts.journal if record else None
     heartbeat = None
-    if journal is not None:
-        if recorded is None:
-            from .run_config import stored_options
-            stored = stored_options(opts, ctx)
-            if plain:
-                stored["plain"] = True
-            journal.create_run(run.run_id, query=query or "", model=opts.model,
-                               sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
-                               options=stored)
-        heartbeat = journal.start_heartbeat(run.run_id)
     status, answer, reason, cap, raised = "failed", None, "", None, None
     root = None
-    try:
+    if journal is not None and recorded is None:
+        from .run_config import stored_options
+        stored = stored_options(opts, ctx)
+        if plain:
+            stored["plain"] = True
+        journal.create_run(run.run_id, query=query or "", model=opts.model,
+                           sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
+                           options=stored)
+    try:  # from here on the run ends recorded (a Ctrl-C now is journaled as cancelled)
+        if journal is not None:
+            heartbeat = journal.start_heartbeat(run.run_id)
         with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
             root = (PlainCall(run, scope.id, ctx.read_value(), opts.model) if plain
                     else RLMLoop(run, scope.id, 0, ctx, query, opts.model))
@@ -144,6 +146,8 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
         status, reason, raised = "failed", f"internal error: {type(exc).__name__}: {exc}", exc
     finally:
         run.close()
+        if root is None:  # ended before a loop took the context: its scratch copy goes here
+            ctx.discard()
         cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
                     or raised is not None else "failed")
     res = Result(answer=answer, status=status, run_id=run.run_id,
