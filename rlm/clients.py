@@ -28,6 +28,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt,
                       wait_random_exponential)
@@ -340,7 +341,9 @@ class ModelClient:
             kwargs["stop"] = stop
         adapted = self._apply_learned(model, kwargs)
         if call_id:
-            kwargs["extra_headers"] = {"X-RLM-Call-Id": call_id}
+            # a header value is ASCII with no leading or trailing space: a run id may hold any
+            # text, so it goes percent-encoded (RFC 3986), as ids do in URLs
+            kwargs["extra_headers"] = {"X-RLM-Call-Id": quote(call_id, safe="-_.:/~+")}
 
         def once():
             n = len(attempts) + 1

@@ -427,3 +427,15 @@ def test_a_refused_cost_cap_leaves_no_copy_of_the_context(api, tmp_path, monkeyp
         api(script([repl("FINAL('x')")]), "a context given as a string", model="no-price-model",
             max_cost_usd=0.5)
     assert not list(tmp_path.glob("rlm-ctx-*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("run_id", [" leading space", "é", "日本/ü", "a b"])
+def test_any_printable_run_id_reaches_the_endpoint_as_an_ascii_header(api, tmp_path, run_id):
+    # the run id travels in the X-RLM-Call-Id header, which must be ASCII without surrounding
+    # space: such ids broke every call (exit 3) before it was percent-encoded
+    from urllib.parse import unquote
+    res, srv = api(script([repl("FINAL('ok')")]), journal=str(tmp_path / "j.sqlite3"),
+                   run_id=run_id)
+    assert (res.status, res.answer) == ("completed", "ok"), res.reason
+    assert srv.call_ids and all(cid.isascii() and unquote(cid).startswith(run_id)
+                                for cid in srv.call_ids), srv.call_ids
