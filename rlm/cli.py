@@ -105,8 +105,8 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 1000000, got {text!r}")
     return value
 
 
@@ -235,7 +235,7 @@ def _all_attempts(usage: dict) -> str:
     a = usage.get("all_attempts")
     if not isinstance(a, dict):
         return ""
-    return (f"; this attempt only: over all attempts {a.get('calls', 0)} call(s), "
+    return (f" in this attempt; over all attempts {a.get('calls', 0)} call(s), "
             f"{a.get('total_tokens', 0)} tokens, ${a.get('cost_usd', 0):.4f}"
             + (f" ({a['open_at_resume']} call(s) in flight at the crash counted at their "
                "reservation)" if a.get("open_at_resume") else ""))

@@ -18,6 +18,17 @@ from typing import Iterator
 __all__ = ["extend_parser", "handler_for", "run_hooks"]
 
 
+
+def _interval(text: str) -> float:
+    """An --interval value: seconds, finite, from 0.05 to 3600."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.05 <= value <= 3600:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be seconds from 0.05 to 3600, got {text!r}")
+    return value
+
 def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
     """Add ``rlm view`` and the view flags of ``run``/``resume``/``replay``/``runs``/``show``/
     ``export`` (``parsers`` maps those command names to their subparsers)."""
@@ -46,12 +57,12 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
                                    help="also write the replayed run's trajectory as HTML")
     parsers["runs"].add_argument("--watch", action="store_true",
                                  help="refresh the list until interrupted")
-    parsers["runs"].add_argument("--interval", type=float, default=1.0, metavar="S",
+    parsers["runs"].add_argument("--interval", type=_interval, default=1.0, metavar="S",
                                  help="seconds between refreshes with --watch/--follow "
                                  "(default 1)")
     parsers["show"].add_argument("--follow", action="store_true",
                                  help="follow a run going on in another process until it ends")
-    parsers["show"].add_argument("--interval", type=float, default=0.5, metavar="S",
+    parsers["show"].add_argument("--interval", type=_interval, default=0.5, metavar="S",
                                  help="seconds between journal reads with --follow (default 0.5)")
     ex = parsers["export"]
     ex.add_argument("--otel", action="store_true",

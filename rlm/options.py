@@ -240,6 +240,10 @@ def _http_url(v: Any) -> str | None:
         return f"{bad} ({exc})"
     if not host:
         return f"{bad} (no host)"
+    if parts.port == 0:
+        return f"{bad} (port 0)"
+    if ":" not in host and "" in host.rstrip(".").split("."):
+        return f"{bad} ({host!r} has an empty label)"
     if re.fullmatch(r"[0-9.]+", host):
         try:
             ipaddress.IPv4Address(host)
@@ -497,6 +501,21 @@ def validate_options(o: Mapping[str, Any]) -> None:
             problem = opt.check(v)
             if problem:
                 raise ConfigError(f"{opt.label} {problem}")
+    for name in _TEXT_OPTIONS:
+        v = o.get(name)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{_label(name)} must be a string, got {type(v).__name__} {v!r}")
+    journal = o.get("journal")
+    if journal is not None and not isinstance(journal, (str, os.PathLike, bool)) \
+            and not hasattr(journal, "create_run"):
+        raise ConfigError(f"journal must be a path, a postgresql:// URL, False or a Journal, "
+                          f"got {type(journal).__name__} {journal!r}")
+    if o.get("on_progress") is not None and not callable(o["on_progress"]):
+        raise ConfigError(f"on_progress must be callable, got {o['on_progress']!r}")
+    listeners = o.get("listeners")
+    if listeners is not None and (not isinstance(listeners, (list, tuple))
+                                  or not all(callable(x) for x in listeners)):
+        raise ConfigError(f"listeners must be a list of callables, got {listeners!r}")
     env_url = os.environ.get("OPENAI_BASE_URL")
     if not o.get("base_url") and env_url:
         problem = _http_url(env_url)
@@ -506,6 +525,16 @@ def validate_options(o: Mapping[str, Any]) -> None:
         raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
                           "OPENAI_BASE_URL / OPENAI_API_KEY); without one the embedded model "
                           "is used, chosen with --embedded-model")
+
+
+#: keyword options whose value is text when given
+_TEXT_OPTIONS = ("model", "sub_model", "child_model", "api_key", "embedded_model", "encoding",
+                 "system_template", "divergence")
+
+
+def _label(name: str) -> str:
+    opt = next((o for o in OPTIONS if o.name == name), None)
+    return opt.label if opt is not None else name
 
 
 def _check_number(opt: Option, v: Any) -> None:

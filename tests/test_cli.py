@@ -316,10 +316,16 @@ def test_a_signal_landing_in_an_import_is_delivered_again_after_it():
         signal.signal(signal.SIGUSR1, old)
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "x"])
-def test_runs_limit_must_be_positive(cli, bad):
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "99999999999999999999"])
+def test_runs_limit_must_be_in_range(cli, bad):
     res = cli("runs", "--limit", bad)
-    assert res.rc == 2 and "--limit: must be a whole number >= 1" in res.stderr, res.stderr
+    assert res.rc == 2 and "--limit: must be a whole number from 1" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "0", "inf"])
+def test_watch_interval_must_be_in_range(cli, bad):
+    res = cli("runs", "--watch", "--interval", bad)
+    assert res.rc == 2 and "--interval: must be seconds from 0.05" in res.stderr, res.stderr
 
 
 def test_the_wall_cap_message_gives_the_limit_and_the_time_passed():

@@ -245,6 +245,11 @@ def test_every_range_error_names_its_flag(opt):
     ({"run_id": "  "}, "--run-id must not be empty"),
     ({"run_id": 5}, "--run-id must be a string, got int 5"),
     ({"run_id": "a\nb"}, "--run-id must be at most 200 printable characters"),
+    ({"model": 5}, "--model must be a string, got int 5"),
+    ({"api_key": 5}, "--api-key must be a string, got int 5"),
+    ({"journal": 5}, "journal must be a path, a postgresql:// URL, False or a Journal, got int 5"),
+    ({"listeners": 5}, "listeners must be a list of callables, got 5"),
+    ({"on_progress": 5}, "on_progress must be callable, got 5"),
     ({"divergence": "maybe"}, "divergence must be 'stop' or 'live'"),
     ({"include": 3}, "--include must be a glob pattern or a list of them, got 3"),
     ({"exclude": ["*.py", None]}, "--exclude must be a glob pattern or a list of them, got "
@@ -264,6 +269,7 @@ def test_validation_messages(options, message):
     ("http://127.0.0.1:abc/v1", "Port could not be cast"), ("http://127.0.0.1:99999/v1", "range"),
     ("http://256.1.1.1/v1", "not an IPv4 address"), ("http://[::1/v1", "IPv6"),
     ("http:///v1", "no host"), ("http://exa mple.com/v1", "got"), (8000, "got 8000"),
+    ("http://a..b/v1", "empty label"), ("http://127.0.0.1:0/v1", "port 0"),
 ])
 def test_a_base_url_the_client_could_not_send_to_is_refused_before_the_run(url, why,
                                                                             monkeypatch):

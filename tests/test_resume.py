@@ -297,7 +297,7 @@ def test_a_run_with_a_price_file_and_a_cost_cap_resumes_without_giving_it_again(
     # the price file's path is recorded with the run: resume reads it again (it used to fail
     # with 'no price known' and `rlm resume` had no --price-file to give it)
     import rlm
-    from rlm.api import resume
+    from rlm.api import replay, resume
 
     prices = tmp_path / "prices.json"
     prices.write_text('{"priced-model": {"input": 1000, "output": 1000}}')
@@ -321,6 +321,9 @@ def test_a_run_with_a_price_file_and_a_cost_cap_resumes_without_giving_it_again(
         res = resume("priced", journal=journal, context="ctx")
         assert (res.status, res.answer) == ("completed", "42"), res.reason
         assert res.usage["cost_usd"] > 0  # priced from the recorded file
+        sent = srv.count
+        again = replay("priced", journal=journal, context="ctx")  # replay needs no prices
+        assert (again.status, again.answer, srv.count) == ("completed", "42", sent)
         # the file moved: resume says where it looked, and takes the new path
         state["fail"] = True
         with pytest.raises(rlm.EndpointError):
