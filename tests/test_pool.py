@@ -306,12 +306,21 @@ def test_shutdown_from_another_thread_during_a_cell(gate):
     t.start()
     time.sleep(1.0)
     k.shutdown()  # another thread: the processes end now, the sockets are the cell's to close
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _gone(pid)
     t.join(timeout=30)
     assert len(got) == 1 and isinstance(got[0], KernelDied), got
     assert k.kc is None and not k.is_alive()
     assert not os.path.exists(workdir) and _kernel_processes() == []
     k.shutdown()  # idempotent
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie not yet reaped); it may be reaped
+    between two looks, which is gone too."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _outcome(k):
