@@ -4,9 +4,10 @@ A :class:`Kernel` is one ipykernel process, launched by :mod:`kernels.launch` (a
 connection file and the process, before ``jupyter_client`` is even imported) and driven
 through ``jupyter_client``'s blocking client, with a scrubbed environment
 (:func:`kernels.secrets.kernel_env`, an allow-list: no API keys or tokens of the host), its
-own working directory, and IPC transport for its ZeroMQ channels. The kernel imports :mod:`kernels.runtime` at start-up
-(:data:`kernels.protocol.BOOT_CODE`), so a kernel taken from the :class:`KernelPool`
-needs only one short bind cell (:func:`kernels.protocol.bind_code`) to serve an RLM.
+own working directory, and IPC transport for its ZeroMQ channels. The kernel imports
+:mod:`kernels.runtime` at start-up (:data:`kernels.protocol.BOOT_CODE`), so a kernel taken
+from the :class:`KernelPool` needs only one short bind cell (:func:`kernels.protocol.bind_code`)
+to serve an RLM.
 
 Each kernel runs under a supervisor (:mod:`kernels.sandbox`, :mod:`kernels.supervisor`):
 every process a cell starts, even one that left the kernel's session or process group, is

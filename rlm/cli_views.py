@@ -18,7 +18,6 @@ from typing import Iterator
 __all__ = ["extend_parser", "handler_for", "run_hooks"]
 
 
-
 def _interval(text: str) -> float:
     """An --interval value: seconds, finite, from 0.05 to 3600."""
     try:
@@ -28,6 +27,7 @@ def _interval(text: str) -> float:
     if not 0.05 <= value <= 3600:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"must be seconds from 0.05 to 3600, got {text!r}")
     return value
+
 
 def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
     """Add ``rlm view`` and the view flags of ``run``/``resume``/``replay``/``runs``/``show``/

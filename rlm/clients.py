@@ -468,9 +468,7 @@ class ModelClient:
         usage = resp.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         pt, ct = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-        cost = usage.get("cost")
-        cost = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) \
-            and math.isfinite(cost) and cost >= 0 else None
+        cost = _amount(usage.get("cost"))
         estimated = False
         # no usage, a field missing, or zeros for a non-empty exchange: nothing was reported
         if pt is None or ct is None or (not pt and not ct and (raw or reasoning)):
@@ -553,13 +551,18 @@ class ModelClient:
         return int(pt), int(ct)
 
 
-def _count(v) -> int | None:
-    """A token count from a reply's ``usage``: a non-negative int (or integral float), else
-    None (absent or not a count: the caller estimates it)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
-            or (isinstance(v, float) and not math.isfinite(v)):
+def _amount(v) -> float | None:
+    """A figure of a reply's ``usage`` (a token count, a cost in USD): a finite number >= 0,
+    else None (absent or not such a number: counted locally, or no cost reported)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         return None
-    return int(v)
+    return float(v)
+
+
+def _count(v) -> int | None:
+    """A token count of a reply's ``usage`` (:func:`_amount`, whole), else None."""
+    a = _amount(v)
+    return None if a is None else int(a)
 
 
 def _short(exc: BaseException) -> str:

@@ -140,30 +140,35 @@ def _check_bytes(data: bytes, source: str) -> None:
                            "give a text or .json file (convert office files to text first)")
 
 
-def _read_capped(f, limit: int, source: str, *, early: bool) -> bytes:
+def _read_capped(f, limit: int, source: str, *, sized: bool, early: bool) -> bytes:
     """All of ``f`` (a binary file object: a file, a device, a pipe, stdin), refusing more than
-    ``limit`` bytes without reading past ``limit + 1``. ``early``: check the first chunk for
-    NUL bytes before reading on (for sources with no size, which may never end).
+    ``limit`` bytes. ``sized``: a regular file already checked against ``limit`` by its size,
+    read in one buffer; otherwise it is read in chunks and never past ``limit + 1`` bytes.
+    ``early``: check the first chunk for NUL bytes before reading on (for sources with no
+    size, which may never end).
 
     Raises:
         ContextError: over ``limit``, or binary at its start (``early``).
     """
     from .sources import _CHUNK, _human
-    chunks: list[bytes] = []
-    total = 0
-    while total <= limit:
-        chunk = f.read(min(_CHUNK, limit + 1 - total))
-        if not chunk:
-            break
-        if early and not chunks and not _blank(chunk):
-            _check_bytes(chunk, source)
-        chunks.append(chunk)
-        total += len(chunk)
-    if total > limit:
-        raise ContextError(f"context {source} holds more than --max-context-bytes {limit:,} "
-                           f"({_human(limit)}): reading stopped there. Give a smaller input, or "
-                           "raise --max-context-bytes")
-    return b"".join(chunks)
+    if sized:
+        data = f.read()  # one buffer of the file's size
+        if len(data) <= limit:  # (it may have grown since its size was checked)
+            return data
+    else:
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:
+            chunk = f.read(min(_CHUNK, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            if early and not chunks and not _blank(chunk):
+                _check_bytes(chunk, source)
+            chunks.append(chunk)
+            total += len(chunk)
+    raise ContextError(f"context {source} holds more than --max-context-bytes {limit:,} "
+                       f"({_human(limit)}): reading stopped there. Give a smaller input, or "
+                       "raise --max-context-bytes")
 
 
 def _decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
@@ -260,9 +265,11 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     from .sources import DEFAULT_MAX_BYTES, _too_big
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
     regular = False  # a regular file (read in place by the kernel when it can be)
+    name = "" if path == "-" else Path(path).name
+    inner, comp = formats.split_suffixes(name)
     if path == "-":
-        source, name = "<stdin>", ""
-        data = _read_capped(sys.stdin.buffer, limit, source, early=True)
+        source = "<stdin>"
+        data = _read_capped(sys.stdin.buffer, limit, source, sized=False, early=True)
     else:
         if not path:
             raise ContextError("the context path is empty: give a file, a directory or '-' "
@@ -272,7 +279,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             raise ContextError(f"context file not found: {path}")
         if p.is_dir():
             raise ContextError(f"context path is a directory, not a file: {path}")
-        source, name = path, p.name
+        source = path
         try:
             st = p.stat()
             regular = stat.S_ISREG(st.st_mode)
@@ -281,14 +288,12 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             with open(p, "rb") as f:
                 # a device or a pipe has no size: read it up to the cap, and give up at once
                 # on one whose first bytes are binary (/dev/zero, /dev/urandom)
-                inner, comp = formats.split_suffixes(name)
-                data = _read_capped(f, limit, source, early=not regular and
+                data = _read_capped(f, limit, source, sized=regular, early=not regular and
                                     not comp and formats.suffix(inner) != ".pdf")
         except OSError as exc:
             raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
     if _blank(data):
         _check_bytes(data, source)
-    inner, comp = formats.split_suffixes(name)
     if comp:
         try:
             data = formats.decompress(data, comp, source, limit)

@@ -353,53 +353,12 @@ def prose_final(reply: str) -> bool:
     return parse_reply(reply).prose_final()
 
 
-_CLASS_FIELDS: dict[type, frozenset] = {}
-
-
-def _class_fields(cls: type) -> frozenset:
-    """The names of :data:`REASONING_FIELDS` that ``getattr`` may find on an instance of
-    ``cls`` beyond its ``__dict__`` and its extras: defined on ``cls`` or a base (properties,
-    declared fields), read from the classes' own dicts (a model class's metaclass would raise
-    and catch an AttributeError for each name it lacks); all of them when a class other than
-    pydantic's ``BaseModel`` (whose ``__getattr__`` serves only extras and private names)
-    defines ``__getattr__``. Remembered per class."""
-    names = _CLASS_FIELDS.get(cls)
-    if names is None:
-        dynamic = any("__getattr__" in vars(k) and not (k.__name__ == "BaseModel"
-                                                         and k.__module__.startswith("pydantic"))
-                      for k in cls.__mro__)
-        names = frozenset(n for n in REASONING_FIELDS
-                          if dynamic or any(n in vars(k)
-                                            or n in (vars(k).get("__annotations__") or {})
-                                            for k in cls.__mro__))
-        _CLASS_FIELDS[cls] = names
-    return names
-
-
-def reasoning_from_message(message) -> str:
+def reasoning_from_message(message: dict) -> str:
     """The text of a chat message's separate reasoning fields (:data:`REASONING_FIELDS`),
-    joined; ``message`` is an ``openai`` message object or a dict."""
-    if isinstance(message, dict):
-        extra = message
-    else:
-        extra = dict(getattr(message, "model_extra", None) or {})
-        attrs = getattr(message, "__dict__", None)
-        for name in REASONING_FIELDS:
-            if name in extra:
-                continue
-            if attrs is not None and name in attrs:
-                v = attrs[name]
-            elif attrs is None or name in _class_fields(type(message)):
-                v = getattr(message, name, None)
-            else:
-                # neither a field, an extra nor an attribute of the class: ``getattr`` would
-                # find nothing (a pydantic model raises, and catches, an AttributeError)
-                continue
-            if v is not None:
-                extra[name] = v
+    joined; ``message`` is the reply's message object as JSON (a dict)."""
     parts: list[str] = []
     for name in REASONING_FIELDS:
-        v = extra.get(name)
+        v = message.get(name)
         if isinstance(v, str) and v.strip():
             if v.strip() not in parts:
                 parts.append(v.strip())
