@@ -394,3 +394,22 @@ def test_a_kernel_starts_without_the_debugger_and_imports_from_its_directory():
         assert "AttributeError" in (res.error or "") or "DBG None" in res.output, res.output
     finally:
         k.shutdown()
+
+
+def test_a_kernels_client_retries_its_connects_soon():
+    # the client connects while the kernel is still importing; ZeroMQ's default retry after a
+    # refused connect is 100 ms, which every start waited out after the kernel was ready
+    import zmq
+
+    from kernels.launch import RECONNECT_INTERVAL_MS
+    k = kk.Kernel().start()
+    try:
+        assert RECONNECT_INTERVAL_MS <= 20
+        channels = (k.kc.shell_channel, k.kc.iopub_channel, k.kc.stdin_channel,
+                    k.kc.control_channel)
+        for ch in channels:
+            assert ch.socket.getsockopt(zmq.RECONNECT_IVL) == RECONNECT_INTERVAL_MS, ch
+        res, _ = k.execute("print(6 * 7)", timeout=60)
+        assert "42" in res.output, res.output
+    finally:
+        k.shutdown()
