@@ -44,7 +44,7 @@ The figures (what a user pays, whole calls or whole processes):
   CPU per call sets.
 - *50 MB context extra wall over 1 KB*: wall time of a one-turn ``completion`` call given the
   context as a ``str`` (read from a file by the worker before the call), 50 MB minus 1 KB;
-  three pairs per repetition.
+  five pairs per repetition (two with ``--quick``).
 - *trivial one-turn run, process start to exit*: ours as ``rlm run`` (and, extra row, a
   Python script calling ``rlm.completion``), the reference as a Python script calling
   ``RLM(...).completion``.
@@ -256,11 +256,12 @@ class Bench:
         return got
 
     def fig_context(self, order) -> dict:
-        """Three small/big pairs per harness (a call's own start-up varies by +-0.3 s here,
-        more than the figure); the time of the ``completion`` call in the worker (process
-        start, imports and exit cost the same for both sizes and only add noise)."""
+        """Five small/big pairs per harness (a call's own start-up varies by +-0.3 s here,
+        more than the figure: with three, one run's median of the reference's figure was
+        below zero); the time of the ``completion`` call in the worker (process start,
+        imports and exit cost the same for both sizes and only add noise)."""
         calls: dict = {}
-        for _ in range(3):
+        for _ in range(2 if self.quick else 5):
             for size, path in order([("small", self.ctx_small), ("big", self.ctx_big)]):
                 for h in order(["ours", "ref"]):
                     r = self.worker(h, "context." + size, context_file=path)
