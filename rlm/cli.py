@@ -319,6 +319,15 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` terminal columns: wide characters (CJK, most
+    emoji: Unicode East Asian Width W or F) take two, combining marks none."""
+    import unicodedata
+    cols = sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(0, width - cols)
+
+
 def _cmd_runs(args) -> int:
     import time
     j = _journal(args)
@@ -338,7 +347,7 @@ def _cmd_runs(args) -> int:
         cost = (usage.get("all_attempts") or usage).get("cost_usd") or 0.0
         q = (r.get("query") or "").replace("\n", " ")
         host = str(r.get("owner_host") or "-")[:16]
-        print(f"{r['run_id']:<18} {started:<19} {r['state']:<15} {host:<16} "
+        print(f"{_pad(r['run_id'], 18)} {started:<19} {r['state']:<15} {_pad(host, 16)} "
               f"{r.get('max_depth', ''):>5} "
               f"{cost:>9.4f}  {r.get('model')} / {q[:60]}")
     return 0

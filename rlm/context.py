@@ -218,7 +218,7 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
              for k, v in source.items()]
         for k, v in items:
             if isinstance(v, Path) and not v.is_file():
-                raise ContextError(f"context file not found: {v} (key {k!r})")
+                raise ContextError(f"context file not found: {sources.shown_path(v)} (key {k!r})")
         return _bundle(items, f"a mapping of {len(items)} keys", enc, max_bytes, scratch_dir, {},
                        None)
     if isinstance(source, Path) or (isinstance(source, str) and source == "-"):
@@ -262,7 +262,7 @@ def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored:
 
 def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str | None,
                max_bytes: int | None = None) -> LoadedContext:
-    from .sources import DEFAULT_MAX_BYTES, _too_big
+    from .sources import DEFAULT_MAX_BYTES, _too_big, shown_path
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
     regular = False  # a regular file (read in place by the kernel when it can be)
     name = "" if path == "-" else Path(path).name
@@ -276,9 +276,9 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
                                "for stdin")
         p = Path(path)
         if not p.exists():
-            raise ContextError(f"context file not found: {path}")
+            raise ContextError(f"context file not found: {shown_path(path)}")
         if p.is_dir():
-            raise ContextError(f"context path is a directory, not a file: {path}")
+            raise ContextError(f"context path is a directory, not a file: {shown_path(path)}")
         source = path
         try:
             st = p.stat()
@@ -298,7 +298,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
         try:
             data = formats.decompress(data, comp, source, limit)
         except formats.TooBig:
-            raise _too_big([(name, limit + 1)], limit, path) from None
+            raise _too_big([(name, limit)], limit, path, unfinished=name) from None
         name = inner
     if formats.suffix(name) != ".pdf":
         _check_bytes(data, source)

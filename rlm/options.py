@@ -266,6 +266,14 @@ def _run_id(v: Any) -> str | None:
     return None
 
 
+def _price_file(v: Any) -> str | None:
+    if not isinstance(v, (str, os.PathLike)):
+        return f"must be a path, got {type(v).__name__} {v!r}"
+    if not str(v).strip():
+        return "is empty: give the path of a JSON price file"
+    return None
+
+
 def _prompt(v: Any) -> str | None:
     from .prompts import PROFILES
     if v in PROFILES or Path(str(v)).expanduser().is_file():
@@ -390,7 +398,7 @@ OPTIONS: tuple[Option, ...] = (
            help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
            doc="idle pre-started kernels for children", doc_default="0 / 2"),
     Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
-           stored=True,
+           stored=True, check=_price_file,
            help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
                 "recorded with the run, so resume reads it again (give it to resume if it moved)",
            doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`; its absolute path is '

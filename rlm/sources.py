@@ -167,7 +167,7 @@ def collect(sources: list, include: list | None = None,
                 prefix.append(part)
             args.append(("glob", p, str(Path(*prefix))))
         else:
-            raise ContextError(f"context file not found: {s}")
+            raise ContextError(f"context file not found: {shown_path(s)}")
     if not args:
         raise ContextError("no context given")
     base = os.path.commonpath([a[2] for a in args])
@@ -209,17 +209,33 @@ def collect(sources: list, include: list | None = None,
     return w, base, origin
 
 
+def shown_path(path: object) -> str:
+    """``path`` as a message shows it: as given, or quoted (``repr``) when it is empty, has
+    spaces at either end or characters that do not print (so ``' '`` is not shown blank)."""
+    text = str(path)
+    return text if text and text == text.strip() and text.isprintable() else repr(text)
+
+
 def _human(n: float) -> str:
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+        if round(n, 0 if unit == "bytes" else 1) < 1000 or unit == "TB":  # not "1,000.0 KB"
             return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
         n /= 1000
     return str(n)
 
 
-def _too_big(sizes: list, limit: int, what: str) -> ContextError:
-    """The cap error naming the biggest files and top-level directories."""
+def _too_big(sizes: list, limit: int, what: str, *,
+             unfinished: str | None = None) -> ContextError:
+    """The cap error naming the biggest files and top-level directories.
+
+    ``sizes``: ``(key, bytes)`` pairs. ``unfinished``: the key of the entry whose size is
+    only known to be more than the bytes given (a compressed file whose decompression was
+    stopped at the cap): it, and the total, are said to be "more than" that.
+    """
     total = sum(s for _, s in sizes)
+
+    def size(k: str, n: int) -> str:
+        return f"more than {_human(n)}" if k == unfinished else _human(n)
     by_dir: dict[str, list] = {}
     for k, s in sizes:
         top = k.split("/", 1)[0] + "/" if "/" in k else None
@@ -228,12 +244,13 @@ def _too_big(sizes: list, limit: int, what: str) -> ContextError:
             d[0] += s
             d[1] += 1
     big = sorted(sizes, key=lambda x: -x[1])[:5]
-    parts = [f"{k} {_human(s)}" for k, s in big]
+    parts = [f"{k} {size(k, s)}" for k, s in big]
     dirs = sorted(by_dir.items(), key=lambda x: -x[1][0])[:3]
     if dirs:
         parts.append("by directory: " + ", ".join(f"{d} {_human(v[0])} ({v[1]} files)"
                                                   for d, v in dirs))
-    return ContextError(f"context {what} is {_human(total)}, over --max-context-bytes {limit:,} "
+    total_text = size(unfinished, total) if unfinished is not None else _human(total)
+    return ContextError(f"context {what} is {total_text}, over --max-context-bytes {limit:,} "
                         f"({_human(limit)}); biggest: {'; '.join(parts)}. Leave files out with "
                         "--exclude PATTERN (or --include), or raise --max-context-bytes")
 
@@ -342,8 +359,8 @@ def build(items: list, *, origin: str, encoding: str | None = None,
                         conv = formats.convert(os.path.basename(path), data, key, enc,
                                                limit=limit - total, lenient=True)
                     except formats.TooBig:
-                        raise _too_big(loaded_sizes + [(key, limit - total + 1)], limit,
-                                       origin) from None
+                        raise _too_big(loaded_sizes + [(key, limit - total)], limit,
+                                       origin, unfinished=key) from None
                     except formats.Unreadable as exc:
                         skipped.append((key, size, exc.reason))
                         continue

@@ -316,6 +316,26 @@ def test_a_signal_landing_in_an_import_is_delivered_again_after_it():
         signal.signal(signal.SIGUSR1, old)
 
 
+def test_runs_columns_line_up_with_wide_characters_in_run_ids(cli, scripted, tmp_path):
+    # a CJK character takes two terminal columns: padding counted characters pushed the
+    # STARTED column of such a row out of line
+    import unicodedata
+    srv = scripted(script([repl("FINAL('ok')")] * 3))
+    (tmp_path / "ctx.txt").write_text("a short context")
+    for run_id in ("实验一", "run-ascii", "测试-α"):
+        res = cli("run", "--context", str(tmp_path / "ctx.txt"), "--query", "q", "--run-id",
+                  run_id, "-q",
+                  *endpoint_args(srv))
+        assert res.rc == 0, res.stderr
+    rows = cli("runs").stdout.splitlines()
+    assert len(rows) == 4, rows
+
+    def column_of_started(row: str) -> int:
+        head = row[:row.index("2")] if not row.startswith("RUN ID") else row[:row.index("STARTED")]
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in head)
+    assert len({column_of_started(r) for r in rows}) == 1, rows
+
+
 @pytest.mark.parametrize("bad", ["0", "-1", "x", "99999999999999999999"])
 def test_runs_limit_must_be_in_range(cli, bad):
     res = cli("runs", "--limit", bad)

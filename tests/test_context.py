@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,12 @@ def test_stdin_over_the_cap_is_refused_without_reading_it_all(refuse):
 
 def test_an_empty_context_path_is_not_the_current_directory(refuse):
     assert_clean_error(refuse(""), 2, "empty path")
+
+
+@pytest.mark.parametrize("path", [" ", "  two spaces", "tab\tin it", "trailing "])
+def test_a_missing_path_with_spaces_is_shown_quoted(refuse, path):
+    # shown as given, a lone space made the message end in blank space
+    assert_clean_error(refuse(path), 2, "context file not found: " + re.escape(repr(path)))
 
 
 # --------------------------------------------------------------------------- CLI: good input

@@ -254,6 +254,9 @@ def test_every_range_error_names_its_flag(opt):
     ({"include": 3}, "--include must be a glob pattern or a list of them, got 3"),
     ({"exclude": ["*.py", None]}, "--exclude must be a glob pattern or a list of them, got "
                                   "['*.py', None]"),
+    ({"price_file": ""}, "--price-file is empty: give the path of a JSON price file"),
+    ({"price_file": " "}, "--price-file is empty: give the path of a JSON price file"),
+    ({"price_file": 5}, "--price-file must be a path, got int 5"),
     ({"model": "m"}, "--model 'm' needs an endpoint: pass --base-url (or set OPENAI_BASE_URL / "
                      "OPENAI_API_KEY); without one the embedded model is used, chosen with "
                      "--embedded-model"),

@@ -189,7 +189,21 @@ def test_size_cap_names_the_biggest_files(cli, scripted, tmp_path):
     res = cli("run", "--context", str(tmp_path / "bomb"), "--query", "q", "--max-context-bytes",
               "5000", *endpoint_args(srv))
     assert_clean_error(res, 2, "over --max-context-bytes", "z.log.gz")
+    # its size is only known to be more than what was read: said so, not "is 5.0 KB"
+    assert "is more than 5.0 KB" in res.stderr and "z.log.gz more than" in res.stderr, res.stderr
+    # the same for one compressed file given alone
+    res = cli("run", "--context", str(tmp_path / "bomb" / "z.log.gz"), "--query", "q",
+              "--max-context-bytes", "5000", *endpoint_args(srv))
+    assert_clean_error(res, 2, "z.log.gz is more than 5.0 KB, over --max-context-bytes 5,000")
     assert srv.count == 0
+
+
+@pytest.mark.parametrize("n, shown", [(999, "999 bytes"), (1000, "1.0 KB"), (999_949, "999.9 KB"),
+                                      (999_997, "1.0 MB"), (1_000_000, "1.0 MB"),
+                                      (999_960_000, "1.0 GB")])
+def test_sizes_never_read_1000_of_a_unit(n, shown):
+    from rlm.sources import _human
+    assert _human(n) == shown
 
 
 def test_api_path_list_and_mapping_and_replay(scripted, repo, tmp_path):
