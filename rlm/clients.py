@@ -139,6 +139,19 @@ def _openai():
 
 _REQUEST_OPTIONS = {"extra_headers": "headers", "timeout": "timeout"}
 
+#: Longest wait (s) for a connection to the endpoint, within an attempt's timeout: the
+#: ``openai`` client's own default (``openai.DEFAULT_TIMEOUT``: 600 s, connect 5 s), which a
+#: plain number of seconds would replace. An endpoint whose host never answers (a firewall
+#: dropping packets, an address nothing holds) then fails each attempt in 5 s, not when the
+#: operating system gives up (about 2 minutes on Linux) or at the attempt's timeout.
+CONNECT_TIMEOUT = 5.0
+
+
+def _http_timeout(seconds: float):
+    """An attempt's ``openai.Timeout``: ``seconds`` for the whole attempt (each read, write and
+    pool wait), at most :data:`CONNECT_TIMEOUT` of it to connect."""
+    return _openai().Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT))
+
 _PROXY_VARS = ("http_proxy", "all_proxy")
 
 
@@ -172,7 +185,7 @@ def _post_chat(client, kwargs: dict) -> dict:
     check anyway. The request goes out through the client's own ``post`` (the documented way
     to reach any path): same URL, headers, auth and HTTP error mapping; the body comes back as
     bytes and is decoded here. ``kwargs``: the body's fields plus the request options
-    ``extra_headers`` and ``timeout`` (seconds).
+    ``extra_headers`` and ``timeout`` (an ``openai.Timeout``, or seconds).
 
     Raises:
         what ``create`` raises for the request (``openai.APIStatusError`` and the rest);
@@ -225,7 +238,7 @@ class ModelClient:
         base_url: the endpoint's base URL (``http://host:port/v1``).
         api_key: the API key (never passed to kernels); "EMPTY" for local servers.
         max_attempts: attempts per call including the first (int >= 1).
-        timeout: seconds per HTTP attempt.
+        timeout: seconds per HTTP attempt, at most :data:`CONNECT_TIMEOUT` of it to connect.
         backoff_max: cap of one backoff sleep (s); the sleep is uniform in
             ``[0, min(backoff_max, backoff_base * 2**attempt)]`` (full jitter).
     """
@@ -252,7 +265,8 @@ class ModelClient:
                 if self._client_obj is None:
                     from . import http_deadline
                     client = _openai().OpenAI(base_url=self.base_url, api_key=self._api_key,
-                                              max_retries=0, timeout=self._timeout,
+                                              max_retries=0,
+                                              timeout=_http_timeout(self._timeout),
                                               http_client=_plain_http_client(self.base_url))
                     self._hard_deadline = http_deadline.install(client)
                     self._client_obj = client
@@ -360,14 +374,18 @@ class ModelClient:
             try:
                 # the attempt's timeout as a request option: ``with_options`` would copy the
                 # whole client (and its resource objects) on every attempt
-                resp = self._create(self._client,
-                                    kwargs if t is None else dict(kwargs, timeout=t), deadline)
+                resp = self._create(self._client, kwargs if t is None else
+                                    dict(kwargs, timeout=_http_timeout(t)), deadline)
             except Exception as exc:
                 attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
                                  "error": f"{type(exc).__name__}: {exc}"[:500]})
                 if _transient(exc):
-                    log.info("model call attempt %d to %s failed: %s", n, self.base_url,
-                             attempts[-1]["error"])
+                    # the first failure of a call is shown (a retried call may wait a minute
+                    # in all); the rest with -v
+                    log.log(logging.WARNING if n == 1 else logging.INFO,
+                            "model call to %s failed (attempt %d of %d%s): %s", self.base_url,
+                            n, self.max_attempts, ", retrying" if n < self.max_attempts else "",
+                            attempts[-1]["error"])
                 raise
             attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4), "error": None})
             return resp

@@ -299,6 +299,44 @@ def test_endpoint_down_raises_endpoint_error():
     assert res is not None and res.status == "failed" and res.answer is None
 
 
+@contextlib.contextmanager
+def _host_that_never_answers():
+    """A base URL on 127.0.0.1 whose connections are never set up: a listening socket with a
+    full backlog (one connection queued, never accepted), so the kernel drops new SYNs, as a
+    firewall or an address nobody holds would."""
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    filler = socket.create_connection(srv.getsockname(), timeout=5)
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}/v1"
+    finally:
+        filler.close()
+        srv.close()
+
+
+def test_a_host_that_never_answers_fails_each_attempt_at_the_connect_timeout(caplog):
+    # a plain number of seconds replaced openai's 5 s connect timeout: each attempt waited for
+    # the operating system's own (about 2 minutes) before failing, and 6 attempts, 13 minutes
+    from rlm.clients import CONNECT_TIMEOUT
+    assert CONNECT_TIMEOUT <= 10
+    with _host_that_never_answers() as url:
+        c = ModelClient(url, API_KEY, max_attempts=2, backoff_max=0.1)
+        assert c._client.timeout.connect == CONNECT_TIMEOUT
+        assert c._client.timeout.read == 600.0  # a slow model still has its whole timeout
+        t0 = time.monotonic()
+        with caplog.at_level("INFO", logger="rlm"), pytest.raises(rlm.EndpointError) as ei:
+            c.complete([{"role": "user", "content": "hi"}], MODEL, timeout=300)
+        took = time.monotonic() - t0
+    assert 2 * CONNECT_TIMEOUT - 1 < took < 2 * CONNECT_TIMEOUT + 20, took
+    assert "unreachable after 2 attempt" in str(ei.value)
+    # the first failure is a warning (the user sees it without -v), the retry's is INFO
+    fails = [r for r in caplog.records if "failed (attempt" in r.getMessage()]
+    assert [r.levelname for r in fails] == ["WARNING", "INFO"], [r.getMessage() for r in fails]
+    assert "attempt 1 of 2, retrying" in fails[0].getMessage()
+
+
 def test_endpoint_down_marks_the_journal_run_failed(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}/v1"
     jpath = tmp_path / "j.sqlite3"
