@@ -152,6 +152,7 @@ def _http_timeout(seconds: float):
     pool wait), at most :data:`CONNECT_TIMEOUT` of it to connect."""
     return _openai().Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT))
 
+
 _PROXY_VARS = ("http_proxy", "all_proxy")
 
 

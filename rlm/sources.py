@@ -236,6 +236,7 @@ def _too_big(sizes: list, limit: int, what: str, *,
 
     def size(k: str, n: int) -> str:
         return f"more than {_human(n)}" if k == unfinished else _human(n)
+
     by_dir: dict[str, list] = {}
     for k, s in sizes:
         top = k.split("/", 1)[0] + "/" if "/" in k else None
