@@ -146,6 +146,17 @@ class RLM:
         o = normalize_options({**self.options, **overrides})  # answer_schema -> a JSON Schema
         validate_options(o)
         journal = open_journal(o.get("journal"))
+        try:
+            return self._run_journaled(o, journal, context, query, plain=plain)
+        finally:
+            # a journal opened here (from a path or URL) is this run's: closed with it (its
+            # connection, its files, its writer thread), else a process running many runs (rlm
+            # serve, a pipeline) ran out of file handles; a Journal object given stays open
+            if journal is not None and journal is not o.get("journal"):
+                journal.close()
+
+    def _run_journaled(self, o: dict, journal: Any, context: Any, query: str | None, *,
+                       plain: bool) -> Result:
         run_id = o.get("run_id")
         recorded = None
         ctx = load_context(context, **context_options(o))
@@ -188,18 +199,22 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
         ConfigError: unknown run. RunActiveError: a run that has not finished.
     """
     j = open_journal(journal, must_exist=True)  # a typo must not create an empty journal
-    rec = find_run(j, run_id)
-    replay_target(rec)
-    ctx = stored_context(rec, context, encoding)
-    opts = replay_options(rec)
-    opts.on_progress = on_progress
-    plain = bool((rec.get("options") or {}).get("plain"))
     try:
-        res = drive(opts, ctx, rec.get("query") or None, run_id=run_id,
-                    recorded=Replay(j, run_id, strict=True), record=False, plain=plain)
+        rec = find_run(j, run_id)
+        replay_target(rec)
+        ctx = stored_context(rec, context, encoding)
+        opts = replay_options(rec)
+        opts.on_progress = on_progress
+        plain = bool((rec.get("options") or {}).get("plain"))
+        try:
+            res = drive(opts, ctx, rec.get("query") or None, run_id=run_id,
+                        recorded=Replay(j, run_id, strict=True), record=False, plain=plain)
+        finally:
+            if plain:
+                ctx.discard()
     finally:
-        if plain:
-            ctx.discard()
+        if j is not journal:  # opened here: closed here (a Journal object given stays open)
+            j.close()
     if res.answer != rec.get("answer"):
         raise DivergenceError(f"replay of run {run_id} reached a different answer: "
                               f"{res.answer!r} instead of {rec.get('answer')!r}")
@@ -220,7 +235,11 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
         ConfigError: unknown run id.
     """
     j = open_journal(options.get("journal"), must_exist=True)
-    rec = find_run(j, run_id)
+    try:
+        rec = find_run(j, run_id)
+    finally:
+        if j is not options.get("journal"):  # the run below opens (and closes) its own
+            j.close()
     if rec["state"] in RECORDED_STATES:
         return Result.from_record(rec)
     ctx_src = context

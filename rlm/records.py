@@ -17,7 +17,8 @@ def open_journal(spec: Any = None, must_exist: bool = False):
 
     Args:
         spec: a path (str | Path) or a ``postgresql://`` URL; ``None``/``True`` for the default
-            (``$RLM_JOURNAL``, else ``~/.local/share/rlm/journal.sqlite3``); ``False`` for none.
+            (``$RLM_JOURNAL``, else ``~/.local/share/rlm/journal.sqlite3``); ``False`` for none;
+            an open :class:`harness.journal.Journal`, returned as it is.
         must_exist: for commands that only read (``runs``, ``show``, ``verify``...): a journal
             file named by ``spec`` or ``$RLM_JOURNAL`` must exist (a typo would otherwise
             create an empty journal there and report it clean).
@@ -28,6 +29,9 @@ def open_journal(spec: Any = None, must_exist: bool = False):
     """
     if spec is False:
         return None
+    if spec is not None and not isinstance(spec, (str, os.PathLike, bool)) \
+            and hasattr(spec, "create_run"):
+        return spec  # an open Journal given by the caller, who closes it
     from harness.journal import Journal, JournalError
     named = spec if spec not in (None, True) else os.environ.get("RLM_JOURNAL") or None
     if must_exist and named is not None and "://" not in str(named) \

@@ -1174,3 +1174,61 @@ def test_a_queued_call_that_conflicts_keeps_the_first_record_and_is_logged(j, ca
     with pytest.raises(ModelCallConflictError):  # written durably, it raises instead
         j.record_model_call("wb", "c1", request_hash=request_hash(other), request=other,
                             response={"text": "b"}, usage={}, attempts=[])
+
+
+def _open_journal_files(path) -> int:
+    """How many of this process's file descriptors are the journal file or its WAL."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += target.startswith(str(path))
+    return n
+
+
+def test_runs_close_the_journal_they_open(scripted, tmp_path):
+    # each run opened the journal from its path and never closed it: one writer thread and
+    # two file handles more per run, until a long-lived process (rlm serve) ran out of files
+    import threading
+
+    import rlm
+    from conftest import API_KEY, MODEL, repl, script
+    from rlm.api import replay, resume
+    srv = scripted(script([repl("FINAL('ok')")] * 40))
+    path = tmp_path / "j.sqlite3"
+    o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=str(path))
+    rlm.completion("warm up", "q", **o)
+    threads = len(threading.enumerate())
+    for i in range(4):
+        res = rlm.completion(f"context {i}", "q", **o)
+        assert res.status == "completed"
+        assert replay(res.run_id, journal=str(path), context=f"context {i}").status == "completed"
+        assert resume(res.run_id, journal=str(path)).answer == "ok"
+    with rlm.RLM(**o) as r:
+        for i in range(3):
+            r.completion(f"again {i}", "q")
+    assert len(threading.enumerate()) == threads, [t.name for t in threading.enumerate()]
+    assert not any(t.name == "rlm-journal-writer" for t in threading.enumerate())
+    assert _open_journal_files(path) == 0
+    # the records were all written before the journal was closed
+    with Journal(path) as j:
+        runs = j.list_runs(limit=100)
+    assert len(runs) == 8 and {r["state"] for r in runs} == {"completed"}
+
+
+def test_a_journal_object_is_used_and_left_open(scripted, tmp_path):
+    # documented ("a path, a postgresql:// URL, False or a Journal"), but a Journal object
+    # was taken for a path: TypeError
+    import rlm
+    from conftest import API_KEY, MODEL, repl, script
+    from rlm.api import replay
+    srv = scripted(script([repl("FINAL('ok')")] * 4))
+    with Journal(tmp_path / "j.sqlite3") as j:
+        res = rlm.completion("ctx", "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                             journal=j)
+        assert res.status == "completed" and not j.closed
+        assert j.get_run(res.run_id)["state"] == "completed"
+        assert replay(res.run_id, journal=j, context="ctx").replayed_calls == 1
+        assert not j.closed
