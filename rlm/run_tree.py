@@ -50,6 +50,26 @@ from .tokens import count_messages
 log = logging.getLogger("rlm")
 
 
+def _isolated(listener):
+    """``listener`` (a stage-tree listener given in the options) as the run calls it: an
+    exception it raises is logged (a warning the first time, then at DEBUG) and goes no
+    further. Raised into the tree, it would roll the stage change back and send the journal,
+    which had recorded it, a rollback it cannot write, so the run failed with its events lost;
+    a listener only watches the run (a view, an exporter), it cannot veto it."""
+    warned = False
+
+    def call(event: dict) -> None:
+        nonlocal warned
+        try:
+            listener(event)
+        except Exception as exc:  # noqa: BLE001 - a listener's bug is not the run's
+            log.log(logging.DEBUG if warned else logging.WARNING,
+                    "stage listener %r raised %s: %s (it keeps receiving events; the run goes "
+                    "on)", listener, type(exc).__name__, exc)
+            warned = True
+    return call
+
+
 class RunTree:
     """The host-side state of one run tree.
 
@@ -76,7 +96,8 @@ class RunTree:
         # within WRITE_BEHIND_SECONDS, at a read or at the run's finish
         listeners = ([options.journal.record_event_behind] if options.journal is not None
                      else [])
-        listeners += list(options.listeners or ())  # live view, OpenTelemetry (after the journal)
+        # live view, OpenTelemetry, a caller's own (after the journal), each kept from the run
+        listeners += [_isolated(f) for f in options.listeners or ()]
         self.tree = StageTree(self.run_id, listeners)
         self.accountant = Accountant(options.budget, options.prices or PriceTable(),
                                      calibrate=True)

@@ -1232,3 +1232,32 @@ def test_a_journal_object_is_used_and_left_open(scripted, tmp_path):
         assert j.get_run(res.run_id)["state"] == "completed"
         assert replay(res.run_id, journal=j, context="ctx").replayed_calls == 1
         assert not j.closed
+
+
+def test_a_listener_that_raises_changes_nothing_in_the_run_or_its_journal(scripted, tmp_path,
+                                                                          caplog):
+    # it rolled the stage change back and sent the journal a rollback it could not write:
+    # "NOT NULL constraint failed: events.to_status", the run crashed with no events kept
+    import rlm
+    from conftest import API_KEY, MODEL, repl, script
+    srv = scripted(script([repl("FINAL(str(len(context)))")] * 2))
+    seen: list[str] = []
+
+    def listener(event):
+        seen.append(event["event"])
+        if len(seen) in (1, 5):
+            raise ValueError("a listener's own bug")
+    o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL)
+    with Journal(tmp_path / "j.sqlite3") as j, caplog.at_level("DEBUG", logger="rlm"):
+        plain = rlm.completion("some context", "q", journal=j, run_id="plain", **o)
+        res = rlm.completion("some context", "q", journal=j, run_id="watched",
+                             listeners=[listener], **o)
+        assert (res.status, res.answer) == ("completed", "12")
+        events = j.events("watched")
+        assert len(events) == len(j.events("plain")) == len(seen) > 5
+        assert "rollback" not in seen
+        assert [e["to"] for e in events] == [e["to"] for e in j.events("plain")]
+        assert j.get_run("watched")["state"] == "completed"
+    warned = [r for r in caplog.records if "a listener's own bug" in r.getMessage()]
+    assert [r.levelname for r in warned] == ["WARNING", "DEBUG"], warned
+    assert plain.status == "completed"
