@@ -40,6 +40,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -306,6 +307,9 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
                 body = json.loads(raw)
             except ValueError as exc:
                 raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+            except RecursionError:  # arrays or objects nested thousands deep
+                raise APIError(400, "the request body nests JSON arrays or objects too deeply "
+                               "to read") from None
             context, query, opts = request_options(body, upstream)
             run_id = _run_id(request.headers.get("idempotency-key"))
             stream = bool(body.get("stream"))
@@ -398,23 +402,67 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
             from None
     app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs)
     import sys
-    print(f"rlm serve: http://{host}:{port}/v1 (model 'rlm'"
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
+    print(f"rlm serve: http://{shown}:{port}/v1 (model 'rlm'"
           f"{', key required' if api_key else ''})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 # --------------------------------------------------------------------------- the command
 
+def _port(text: str) -> int:
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 0 to 65535, got {text!r}")
+    return n
+
+
+def _at_least_one(text: str) -> int:
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return n
+
+
+def _check_prices_at_start(o: dict) -> None:
+    """With a cost cap among the server's defaults, every model it may call must have a price:
+    refused at start, not on every request. Raises ConfigError (an unreadable price file, an
+    unpriced model)."""
+    from .options import external_endpoint
+    if o.get("max_cost_usd") is None:
+        return
+    endpoint = external_endpoint(o)
+    if endpoint is None:  # the embedded model: local, free
+        return
+    from harness.budget import Accountant, Budget
+    from harness.prices import PriceTable
+    try:
+        prices = PriceTable.from_file(o["price_file"]) if o.get("price_file") else PriceTable()
+        Accountant(Budget(max_cost_usd=o["max_cost_usd"]), prices).check_prices(
+            {m for m in (endpoint.model, o.get("sub_model"), o.get("child_model")) if m})
+    except Exception as exc:  # UnknownPrice, a bad price file
+        raise ConfigError(str(exc).replace("(CLI: --price-file PATH; API: price_file=PATH)",
+                                           "(rlm serve --price-file PATH)")) from None
+
+
 def add_arguments(p: Any) -> None:
     """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
-    import os
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "anything but loopback needs --api-key)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0-65535 (default 8000; "
+                   "0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
                    help="key clients must send as 'Authorization: Bearer KEY' "
                         "(env RLM_SERVE_API_KEY)")
-    p.add_argument("--max-concurrent-runs", type=int, default=4, metavar="N",
+    p.add_argument("--max-concurrent-runs", type=_at_least_one, default=4, metavar="N",
                    help="runs at once; further requests get 429 with Retry-After (default 4)")
     up = p.add_argument_group("the model endpoint the runs use (default: the embedded model)")
     up.add_argument("--base-url", metavar="URL", help="OpenAI-compatible base URL "
@@ -430,6 +478,9 @@ def add_arguments(p: Any) -> None:
     d.add_argument("--max-iterations", type=int, metavar="N")
     d.add_argument("--max-cost", dest="max_cost_usd", type=float, metavar="USD")
     d.add_argument("--timeout", dest="max_wall_seconds", type=float, metavar="S")
+    d.add_argument("--price-file", metavar="PATH",
+                   help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}} for the '
+                        "cost caps (--max-cost, or a request's max_cost_usd)")
     p.add_argument("--journal", metavar="PATH", help="journal file (env RLM_JOURNAL); "
                    "Idempotency-Key needs one")
 
@@ -437,12 +488,15 @@ def add_arguments(p: Any) -> None:
 def main(args: Any) -> int:
     """``rlm serve``: serve until Ctrl-C; returns the exit code."""
     names = ("base_url", "model", "sub_model", "child_model", "embedded_model", "max_depth",
-             "max_iterations", "max_cost_usd", "max_wall_seconds", "journal")
+             "max_iterations", "max_cost_usd", "max_wall_seconds", "journal", "price_file")
     o = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     if args.upstream_api_key:
         o["api_key"] = args.upstream_api_key
+    if o.get("price_file"):  # the runs read it from wherever they run
+        o["price_file"] = os.path.abspath(os.path.expanduser(o["price_file"]))
     from .options import validate_options
     validate_options(o)
+    _check_prices_at_start(o)
     run(o, host=args.host, port=args.port, api_key=args.api_key,
         max_concurrent_runs=args.max_concurrent_runs)
     return 0

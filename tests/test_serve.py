@@ -6,6 +6,7 @@ upstream server whose script each test sets. Runs use real kernels.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -240,3 +241,58 @@ def test_run_outcomes_map_to_status_codes():
 def test_serve_refuses_a_non_loopback_bind_without_a_key(cli):
     r = cli("serve", "--host", "0.0.0.0", "--port", str(closed_port()), timeout=60)
     assert r.rc == 2 and "needs --api-key" in r.stderr
+
+
+def test_a_body_nested_too_deep_is_a_400_not_a_crash(served):
+    _, _, _, base, _ = served
+    deep = b'{"model": "rlm", "messages": [{"role": "user", "content": "q"}], "context": ' + \
+        b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, body = http(base + "/chat/completions", deep)
+    assert status == 400 and "too deeply" in body["error"]["message"], body
+    assert http(base + "/models")[0] == 200  # and the server is still there
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "99999"], "--port: must be a TCP port from 0 to 65535"),
+    (["--port", "-1"], "--port: must be a TCP port from 0 to 65535"),
+    (["--max-concurrent-runs", "0"], "--max-concurrent-runs: must be a whole number >= 1"),
+    (["--max-cost", "1"], r"no price known for model\(s\) .* \(rlm serve --price-file PATH\)"),
+    (["--max-cost", "1", "--price-file", "missing.json"], "price file not found"),
+])
+def test_serve_refuses_bad_flags_at_start(cli, flags, message):
+    # a port out of range was uvicorn's traceback; a cost cap without a price failed every
+    # request, and serve had no --price-file to give one
+    r = cli("serve", "--base-url", "http://127.0.0.1:9/v1", "--upstream-api-key", API_KEY,
+            "--model", MODEL, *flags, timeout=60)
+    assert r.rc == 2, (r.rc, r.stderr)
+    assert re.search(message, r.stderr) and "Traceback" not in r.stderr, r.stderr
+
+
+def test_serve_takes_a_price_file_for_its_cost_cap(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({MODEL: {"input": 1.0, "output": 2.0}}))
+    with ScriptedServer(lambda req: repl("FINAL('priced')")) as srv:
+        port = closed_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlm", "serve", "--port", str(port), "--base-url",
+             srv.base_url, "--upstream-api-key", API_KEY, "--model", MODEL, "--max-cost", "5",
+             "--price-file", str(prices), "--journal", str(tmp_path / "j.sqlite3")],
+            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http(base + "/models", key=None)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.1)
+            client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
+            res = client.chat.completions.create(
+                model="rlm", messages=[{"role": "user", "content": "q"}])
+            assert res.choices[0].message.content == "priced"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
