@@ -410,8 +410,8 @@ def _log_unraisable(info) -> None:
 
 
 def _terminate(signum, frame):
-    """SIGINT and SIGTERM: raise KeyboardInterrupt in the main thread, so the command cleans up
-    as on Ctrl-C (kernels shut down, the run journaled as cancelled).
+    """SIGINT, SIGTERM and SIGHUP: raise KeyboardInterrupt in the main thread, so the command
+    cleans up as on Ctrl-C (kernels shut down, the run journaled as cancelled).
 
     Not while the main thread is inside Python's import system: there the exception can land
     in the clean-up of a module lock, where Python reports and drops it, and the lock other
@@ -443,10 +443,17 @@ def _resend(signum: int) -> None:
 def _install_signal_handlers() -> None:
     import threading
     if threading.current_thread() is threading.main_thread():
-        # SIGTERM (a workflow engine stopping the step) cleans up like Ctrl-C: kernels are shut
-        # down and the run is journaled as cancelled, so the same run id resumes it later
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGTERM (a workflow engine stopping the step) and SIGHUP (the terminal closed) clean
+        # up like Ctrl-C: kernels are shut down and the run is journaled as cancelled, so the
+        # same run id resumes it later; a SIGHUP ignored on purpose (nohup) stays ignored
+        for sig in _STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
             signal.signal(sig, _terminate)
+
+
+#: The signals that end a command as Ctrl-C does (see :func:`_install_signal_handlers`).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _depth_flags(argv: list[str]) -> dict:
@@ -522,7 +529,7 @@ def entry() -> None:
     import atexit
     import threading
     code = main()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # done: a late signal must not end the exit
+    for sig in _STOP_SIGNALS:  # done: a late signal must not end the exit
         signal.signal(sig, signal.SIG_IGN)
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
            for t in threading.enumerate()):

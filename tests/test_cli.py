@@ -4,6 +4,7 @@ exit codes, ``--json``, help text, an endpoint that is down, the journal round t
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -353,3 +354,32 @@ def test_the_wall_cap_message_gives_the_limit_and_the_time_passed():
     msg = str(BudgetExceeded("wall", 30, 31.26, 0.0))
     assert msg == ("budget cap 'wall' reached: the run's wall-clock limit is 30 s and 31.3 s "
                    "have passed")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_cancels_the_run_and_cleans_up(scripted, tmp_path, sig):
+    # SIGHUP (the terminal closed) ended the process at once: the run stayed "running" until
+    # seen as crashed, and its bridge directory was left in /tmp
+    import glob
+    import tempfile
+
+    from harness.journal import Journal
+    srv = scripted(lambda req: Reply("```repl\nFINAL('late')\n```", delay=30.0))
+    (tmp_path / "ctx.txt").write_text("a context")
+    journal = tmp_path / "j.sqlite3"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm", "run", "--context", str(tmp_path / "ctx.txt"), "--query",
+         "q", "--run-id", "stopped", *endpoint_args(srv)], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=clean_env(RLM_JOURNAL=str(journal)))
+    deadline = time.monotonic() + 60
+    while srv.count == 0 and time.monotonic() < deadline:  # the run's first call is out
+        time.sleep(0.05)
+    assert srv.count == 1
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and "rlm resume stopped" in err, err
+    with Journal(journal) as j:
+        assert j.get_run("stopped")["state"] == "cancelled"
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"rlm-bridge-{proc.pid}-*"))
