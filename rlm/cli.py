@@ -100,14 +100,23 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 1000000, got {text!r}")
-    return value
+def whole_number(low: int, high: int | None = None, what: str = "a whole number"):
+    """An argparse ``type``: the argument as an int in ``[low, high]`` (no upper bound when
+    ``high`` is None), else an ``ArgumentTypeError`` naming the range and the value given."""
+    span = f"from {low} to {high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_int = whole_number(1, 1_000_000)
 
 
 def _context_arg(paths: list[str]):

@@ -410,28 +410,6 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
 
 # --------------------------------------------------------------------------- the command
 
-def _port(text: str) -> int:
-    import argparse
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port from 0 to 65535, got {text!r}")
-    return n
-
-
-def _at_least_one(text: str) -> int:
-    import argparse
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return n
-
-
 def _check_prices_at_start(o: dict) -> None:
     """With a cost cap among the server's defaults, every model it may call must have a price:
     refused at start, not on every request. Raises ConfigError (an unreadable price file, an
@@ -457,12 +435,13 @@ def add_arguments(p: Any) -> None:
     """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "anything but loopback needs --api-key)")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port, 0-65535 (default 8000; "
+    from .cli import whole_number
+    p.add_argument("--port", type=whole_number(0, 65535, "a TCP port"), default=8000, help="TCP port, 0-65535 (default 8000; "
                    "0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
                    help="key clients must send as 'Authorization: Bearer KEY' "
                         "(env RLM_SERVE_API_KEY)")
-    p.add_argument("--max-concurrent-runs", type=_at_least_one, default=4, metavar="N",
+    p.add_argument("--max-concurrent-runs", type=whole_number(1), default=4, metavar="N",
                    help="runs at once; further requests get 429 with Retry-After (default 4)")
     up = p.add_argument_group("the model endpoint the runs use (default: the embedded model)")
     up.add_argument("--base-url", metavar="URL", help="OpenAI-compatible base URL "
