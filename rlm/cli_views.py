@@ -74,7 +74,7 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
 
 def _journal(args):
     from .records import open_journal
-    return open_journal(getattr(args, "journal", None) or None)
+    return open_journal(getattr(args, "journal", None) or None, reads_only=True)
 
 
 def _cmd_view(args) -> int:

@@ -12,7 +12,7 @@ from .context import LoadedContext, load_context
 from .errors import ConfigError
 
 
-def open_journal(spec: Any = None, must_exist: bool = False):
+def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = False):
     """Open the journal ``spec`` names.
 
     Args:
@@ -21,7 +21,10 @@ def open_journal(spec: Any = None, must_exist: bool = False):
             an open :class:`harness.journal.Journal`, returned as it is.
         must_exist: for commands that only read (``runs``, ``show``, ``verify``...): a journal
             file named by ``spec`` or ``$RLM_JOURNAL`` must exist (a typo would otherwise
-            create an empty journal there and report it clean).
+            create an empty journal there and report it clean); one this process may not
+            write is opened read-only.
+        reads_only: the caller only reads (``rlm view``, ``--watch``, ``--follow``): an
+            existing journal this process may not write is opened read-only.
     Returns:
         a :class:`harness.journal.Journal`, or None when ``spec`` is False.
     Raises:
@@ -38,10 +41,24 @@ def open_journal(spec: Any = None, must_exist: bool = False):
             and not Path(named).expanduser().exists():
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
                           "creates it")
+    kwargs = {}
+    if must_exist or reads_only:
+        # a journal this process may not write (another user's, a read-only mount) is read
+        # through a read-only connection; only a command that writes (resume) then fails
+        from harness.journal import default_journal_path
+        local = Path(named).expanduser() if named is not None else default_journal_path()
+        if "://" not in str(local) and local.is_file() and not _writable(local):
+            kwargs["read_only"] = True
     try:
-        return Journal(spec if spec not in (None, True) else None)
+        return Journal(spec if spec not in (None, True) else None, **kwargs)
     except JournalError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write ``path`` and create files beside it (SQLite's -wal and
+    -shm), as ``os.access`` sees it (a read-only mount included)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
 
 
 def find_run(journal, run_id: str) -> dict:

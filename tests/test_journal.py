@@ -1261,3 +1261,69 @@ def test_a_listener_that_raises_changes_nothing_in_the_run_or_its_journal(script
     warned = [r for r in caplog.records if "a listener's own bug" in r.getMessage()]
     assert [r.levelname for r in warned] == ["WARNING", "DEBUG"], warned
     assert plain.status == "completed"
+
+
+def _finished_run(scripted, path, run_id="ro-run"):
+    import rlm
+    from conftest import API_KEY, MODEL, repl, script
+    srv = scripted(script([repl("FINAL(context.upper())")]))
+    res = rlm.completion("read me", "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                         journal=str(path), run_id=run_id)
+    assert res.answer == "READ ME"
+    return res
+
+
+def test_a_journal_this_process_may_not_write_is_read_read_only(scripted, tmp_path,
+                                                                 monkeypatch):
+    # every reading command failed on such a journal: "unable to open database file"
+    from rlm import records
+    from rlm.api import replay
+    path = tmp_path / "j.sqlite3"
+    _finished_run(scripted, path)
+    with Journal(path, read_only=True) as j:
+        assert j.read_only and j.get_run("ro-run")["state"] == "completed"
+        assert len(j.events("ro-run")) > 5
+        with pytest.raises(JournalError, match="read-only"):
+            j.create_run("new-run", query="q", model="m")
+    monkeypatch.setattr(records, "_writable", lambda p: False)
+    j = records.open_journal(str(path), must_exist=True)
+    try:
+        assert j.read_only and [r["run_id"] for r in j.list_runs()] == ["ro-run"]
+    finally:
+        j.close()
+    assert replay("ro-run", journal=str(path), context="read me").answer == "READ ME"
+    monkeypatch.setattr(records, "_writable", lambda p: True)
+    j = records.open_journal(str(path), must_exist=True)
+    try:
+        assert not j.read_only
+    finally:
+        j.close()
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+def test_reading_commands_work_on_a_read_only_mount(scripted, tmp_path, cli):
+    # the case in the field: a journal archived on a read-only filesystem (the WAL index
+    # cannot be created beside it either)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if not _mount("-t", "tmpfs", "tmpfs", str(mnt)):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        path = mnt / "j.sqlite3"
+        _finished_run(scripted, path)
+        assert _mount("-o", "remount,ro", str(mnt))
+        for args in (["runs"], ["show", "ro-run"], ["verify", "ro-run"], ["export", "ro-run"],
+                     ["view", "ro-run", "-o", str(tmp_path / "v.html")]):
+            r = cli(*args, "--journal", str(path))
+            assert r.rc == 0 and "Traceback" not in r.stderr, (args, r.stderr)
+            assert "ro-run" in r.stdout + r.stderr or args[0] == "view", (args, r.stdout)
+        assert (tmp_path / "v.html").stat().st_size > 1000
+        r = cli("replay", "ro-run", "--journal", str(path), "--context", "-", input="read me")
+        assert r.rc == 0 and r.stdout.strip() == "READ ME", r.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -174,6 +174,11 @@ class SQLiteStore(Store):
             directories are created. ``":memory:"`` is refused.
         stale_after: seconds (``float``) before a silent ``running`` run counts as crashed.
         busy_timeout: seconds (``float``) a write waits for another process's lock.
+        read_only: open an existing journal for reading only (a file or directory this
+            process may not write, a read-only mount): SQLite's ``mode=ro``, and where the
+            WAL index cannot be created beside it, ``immutable=1`` (SQLite's URI parameters:
+            the file is then taken as unchanging while open). Nothing is created or migrated;
+            a write raises ``JournalError`` ("read-only").
 
     Raises:
         JournalCorruptError: the file is not a SQLite database, or is damaged.
@@ -188,7 +193,7 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
                  stale_after: float = _DEFAULT_STALE_AFTER,
-                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT, read_only: bool = False) -> None:
         if path is not None and str(path) == ":memory:":
             raise JournalError("an in-memory journal is not supported (resume needs a file); "
                                "pass a file path, e.g. in a temporary directory")
@@ -202,6 +207,12 @@ class SQLiteStore(Store):
         self._host = host_name()
         self._boot = boot_id()
         self._pid = os.getpid()
+        self.read_only = bool(read_only)
+        if self.read_only:
+            if not self.path.is_file():
+                raise JournalError(f"no journal file at {self.path} to read")
+            self._conn = self._open_read_only()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -252,6 +263,40 @@ class SQLiteStore(Store):
             conn.close()
             if isinstance(exc, sqlite3.Error):
                 raise self._translate(exc, "open the journal") from exc
+            raise
+        return conn
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A reading connection to the existing file (see ``read_only``); the schema checked
+        as in ``_open``, never changed."""
+        from urllib.parse import quote
+        uri = "file:" + quote(str(self.path.resolve()))
+        conn = None
+        for params in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(uri + params, uri=True, timeout=self.busy_timeout,
+                                       isolation_level=None, check_same_thread=False)
+                version, app_id, tables = schema.inspect(conn)
+                break
+            except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                code = getattr(exc, "sqlite_errorcode", None)
+                if params.endswith("immutable=1") or not isinstance(code, int) \
+                        or code & 0xFF != _SQLITE_CANTOPEN:
+                    raise self._translate(exc, "open the journal for reading") from exc
+        assert conn is not None
+        if schema.is_fresh(version, app_id, tables):
+            conn.close()
+            raise JournalError(f"{self.path} holds no journal (an empty database)")
+        try:
+            schema.check(self.path, version, app_id, tables)
+            if not schema.is_current(version, app_id):
+                raise JournalError(f"journal {self.path} has an older schema, which only a "
+                                   "writable open upgrades; copy it somewhere writable to read it")
+        except BaseException:
+            conn.close()
             raise
         return conn
 
