@@ -102,11 +102,13 @@ class Replay:
             if self.policy == "live" and not self.strict:
                 self.live_from = self.live_from or call_id
                 return None
+        # a replay (strict) checks the run as recorded: there is nothing to go on with live
+        advice = ("The recorded run is unchanged; a replay cannot pass this point." if self.strict
+                  else "Resume with --on-divergence live to continue live from this point.")
         raise DivergenceError(
             f"divergence at call {call_id}: the request differs from the one recorded in run "
             f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
-            "Nothing was served from the journal for it. Resume with --on-divergence live "
-            "to continue live from this point.")
+            f"Nothing was served from the journal for it. {advice}")
 
 
     def refusal(self, call_id: str) -> dict | None:

@@ -166,9 +166,16 @@ def _response_schema(rf: Any) -> dict | None:
 def _run_id(key: str | None) -> str:
     if key is None:
         return "srv-" + uuid.uuid4().hex[:16]
+    # HTTP hands header values over as Latin-1; a client sends a non-ASCII key as UTF-8 bytes,
+    # which read back as the text it meant (else it stays as it came)
+    try:
+        key = key.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        pass
     key = key.strip()
-    if not key or len(key) > 200:
-        raise APIError(400, "Idempotency-Key must be 1 to 200 characters", param="Idempotency-Key")
+    if not key or len(key) > 200 or not key.isprintable():
+        raise APIError(400, "Idempotency-Key must be 1 to 200 printable characters",
+                       param="Idempotency-Key")
     return key
 
 

@@ -255,6 +255,18 @@ def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
     assert_clean_error(res, 6, "changed")
 
 
+def test_replay_of_a_non_deterministic_cell_gives_no_resume_advice(cli, scripted, ctx_file):
+    # the divergence message told a replay to "Resume with --on-divergence live", which a
+    # replay does not take and a finished run's resume ignores
+    srv = scripted(script([repl("import random; print(random.random())"),
+                           repl("FINAL('done')")]))
+    assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "nondet-1",
+               *endpoint_args(srv)).rc == 0
+    res = cli("replay", "nondet-1")
+    assert_clean_error(res, 6, "divergence at call", "a replay cannot pass this point")
+    assert "--on-divergence" not in res.stderr, res.stderr
+
+
 def test_replay_of_a_run_without_answer_does_not_print_none(cli, scripted, ctx_file):
     srv = scripted(script([repl("print('hm')")] * 2))
     first = cli("run", "--context", str(ctx_file), "--query", "q", "--max-iterations", "1",

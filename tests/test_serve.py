@@ -296,3 +296,19 @@ def test_serve_takes_a_price_file_for_its_cost_cap(tmp_path):
         finally:
             proc.terminate()
             proc.wait(timeout=20)
+
+
+def test_a_utf8_idempotency_key_names_the_run_as_sent(served):
+    # header values arrive as Latin-1: a UTF-8 key became mojibake with C1 control characters
+    _, _, up, base, journal = served
+    up.responder = lambda req: repl("FINAL('keyed')")
+    key = "ключ-é"
+    req = urllib.request.Request(base + "/chat/completions", method="POST", data=json.dumps(
+        {"model": "rlm", "messages": [{"role": "user", "content": "q"}]}).encode())
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {KEY}")
+    req.add_header("Idempotency-Key", key.encode("utf-8").decode("latin-1"))  # UTF-8 on the wire
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = json.loads(r.read())
+    assert body["rlm"]["run_id"] == key, body["rlm"]
+    assert body["choices"][0]["message"]["content"] == "keyed"
