@@ -42,12 +42,12 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
                           "creates it")
     kwargs = {}
-    if must_exist or reads_only:
-        # a journal this process may not write (another user's, a read-only mount) is read
-        # through a read-only connection; only a command that writes (resume) then fails
+    if (must_exist or reads_only) and "://" not in str(named):
+        # a journal file this process may not write (another user's, a read-only mount) is
+        # read through a read-only connection; only a command that writes (resume) then fails
         from harness.journal import default_journal_path
         local = Path(named).expanduser() if named is not None else default_journal_path()
-        if "://" not in str(local) and local.is_file() and not _writable(local):
+        if local.is_file() and not _writable(local):
             kwargs["read_only"] = True
     try:
         return Journal(spec if spec not in (None, True) else None, **kwargs)
