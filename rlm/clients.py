@@ -273,6 +273,16 @@ class ModelClient:
                     self._client_obj = client
         return self._client_obj
 
+    def prepare(self) -> None:
+        """Build the HTTP client now (importing ``openai``, ~0.5 s of CPU here), as the first
+        call would: for a caller with other work under way on threads meanwhile (a big
+        context's file being written). Never raises: a client that cannot be built fails the
+        first call, with its error, as it would have."""
+        try:
+            self._client
+        except Exception:
+            pass
+
     def close(self) -> None:
         """Close the HTTP connections (a call still in flight on another thread fails)."""
         client = self._client_obj

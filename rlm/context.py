@@ -30,7 +30,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.text import clean, clean_text
 
@@ -69,16 +69,43 @@ class LoadedContext:
     spec: dict | None = None
     #: ``path`` was given away to a kernel (see :meth:`share`): the host has no file now
     _given: bool = False
+    #: the file's writing and hashing still under way on a thread (:class:`_Behind`), or None
+    _behind: Any = None
 
     @property
     def sha256(self) -> str:
         """sha256 of the context (text as UTF-8, JSON canonicalised); computed once (a text
-        context written by the host is hashed while its file is written)."""
+        context written by the host is hashed while its file is written).
+
+        Raises:
+            OSError: the context's file, written on a thread, could not be written.
+        """
+        self.settle()
         if self._sha256 is None:
             blob = self.value if isinstance(self.value, str) else json.dumps(
                 self.value, sort_keys=True, ensure_ascii=False)
             self._sha256 = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         return self._sha256
+
+    @property
+    def writing(self) -> bool:
+        """True while :attr:`path` is still being written (and hashed) on a thread: a big text
+        context's file is written behind, so the caller's own set-up (imports, building the
+        model client) overlaps it. :meth:`settle` waits for it; :meth:`share` and
+        :attr:`sha256` do so themselves."""
+        return self._behind is not None
+
+    def settle(self) -> None:
+        """Wait until the file at :attr:`path` is whole (a no-op once it is).
+
+        Raises:
+            OSError: it could not be written (it is removed; the error is the write's own,
+            a full disk say). Raised again on every later call.
+        """
+        behind = self._behind
+        if behind is not None:
+            self._sha256 = behind.result()
+            self._behind = None
 
     def read_value(self) -> Any:
         """The context's value; a bundle is read from its files (as the kernel does)."""
@@ -100,11 +127,13 @@ class LoadedContext:
         """
         if not self.path:
             return None
+        self.settle()
         movable = self.owned and self.fmt in ("text", "json") and self.value is not None
         if not movable:
             return kernel.share_file(self.path, self.fmt)
         if self._given:
             self._rewrite()
+            self.settle()
         dest = kernel.share_file(self.path, self.fmt, True)
         if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
             self._given = True
@@ -114,10 +143,15 @@ class LoadedContext:
         """Write :attr:`value` to a new temporary file (the same bytes as the first time),
         next to the one given away, and make it :attr:`path`."""
         again = _write(self.value, self.fmt, self.source, os.path.dirname(self.path) or None)
-        self.path, self._given = again.path, False
+        self.path, self._given, self._behind = again.path, False, again._behind
 
     def discard(self) -> None:
-        """Remove the temporary files, if this context wrote any (not one given to a kernel)."""
+        """Remove the temporary files, if this context wrote any (not one given to a kernel).
+        Waits for a write still under way (a failed one has removed its file); never raises."""
+        try:
+            self.settle()
+        except OSError:
+            pass
         if self.owned and self.path:
             for p in [*([] if self._given else [self.path]), *self.extra_files]:
                 try:
@@ -334,8 +368,13 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             and formats.is_utf8(encoding) \
             and not data.startswith(b"\xef\xbb\xbf"):
         # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
-        return LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
-                             _sha256=hashlib.sha256(data).hexdigest())
+        # (hashed behind when big, like a file the host writes)
+        ctx = LoadedContext(conv.value, "text", os.path.abspath(path), False, source)
+        if len(data) >= _WRITE_BEHIND:
+            ctx._behind = _Behind(_sha256_hex, data)
+        else:
+            ctx._sha256 = _sha256_hex(data)
+        return ctx
     ctx = (_write_text(conv.value, source, scratch_dir) if conv.kind == "text"
            else _write(conv.value, "json", source, scratch_dir))
     if conv.notes or conv.kind != "text":
@@ -347,17 +386,57 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     return ctx
 
 
-#: From this size (bytes) a text context is hashed in a second thread while it is written.
-_HASH_IN_THREAD = 1 << 20
+#: From this size (bytes, or characters of an ASCII text) a text context's file is written and
+#: hashed behind, on a thread (:class:`_Behind`), so that the caller's own set-up overlaps it.
+_WRITE_BEHIND = 1 << 20
+#: The piece (characters) an ASCII text is encoded, hashed and written by, on that thread: each
+#: piece takes the GIL three times, and a thread that wants the GIL back from one busy with
+#: imports waits up to ``sys.getswitchinterval()`` (5 ms) for it, so pieces are few.
+_PIECE = 4 << 20
+
+
+class _Behind:
+    """``fn(*args)`` run on a daemon thread, its result collected later (:meth:`result`).
+    Where no thread can be started, it runs at once, in the caller's thread."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(fn, args), daemon=True,
+                                        name="rlm-context-write")
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread can be started now: do it here
+            self._thread = None
+            self._work(fn, args)
+
+    def _work(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to whoever collects the result
+            self._error = exc
+
+    def result(self) -> Any:
+        """Wait for the work; its return value, or the exception it raised (raised again
+        on every call)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _write_text(text: str, source: str, scratch_dir: str | None,
                 data: bytes | None = None) -> LoadedContext:
     """Write a text context to a temporary file for the kernel, hashing it on the way.
 
-    The text is encoded to UTF-8 once; those bytes are written with one ``write`` and hashed
-    (sha256, in a second thread for big texts: both release the GIL) while they are written,
-    so the context is neither encoded nor scanned again for :attr:`LoadedContext.sha256`.
+    The file holds the text's UTF-8 bytes, hashed (sha256, for
+    :attr:`LoadedContext.sha256`) as they are written (:func:`_write_pieces`): the context
+    is not scanned a second time. A big one (from
+    :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
+    :meth:`LoadedContext.settle` (called by :meth:`~LoadedContext.share` and
+    :attr:`~LoadedContext.sha256`) waits for it. An ASCII text, the common big case, is
+    encoded piece by piece on that thread too, so no whole second copy of it is ever made.
     A text UTF-8 cannot encode (a lone surrogate) follows the text policy of
     :mod:`harness.text` (U+FFFD in the file, the value and the hash); text without one is
     kept as the very object given (no copy).
@@ -366,36 +445,61 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
         text: the context (str). data: its UTF-8 encoding, if the caller has it already
             (bytes given by the user that decoded as UTF-8 without a BOM).
     Raises:
-        OSError: the file could not be written (it is removed).
+        OSError: the file could not be written (it is removed); for a file written behind,
+        raised by :meth:`LoadedContext.settle` instead.
     """
     import tempfile
-    if data is None:
+    if data is None and not (len(text) >= _WRITE_BEHIND and text.isascii()):
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             text = clean_text(text)
             data = text.encode("utf-8")
     fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".txt", dir=scratch_dir)
-    digest = hashlib.sha256()
-    hasher = None
-    if len(data) >= _HASH_IN_THREAD:
-        hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
-        hasher.start()
+    ctx = LoadedContext(text, "text", path, True, source)
+    if len(text if data is None else data) >= _WRITE_BEHIND:
+        ctx._behind = _Behind(_write_pieces, fd, path, text, data)
     else:
-        digest.update(data)
+        ctx._sha256 = _write_pieces(fd, path, text, data)
+    return ctx
+
+
+def _sha256_hex(data: bytes) -> str:
+    """The sha256 of ``data``, hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_pieces(fd: int, path: str, text: str, data: bytes | None) -> str:
+    """Write ``data`` (or, if None, the ASCII ``text``, encoded a piece of :data:`_PIECE`
+    characters at a time) to the file open as ``fd`` (its name ``path``) and close it;
+    returns the sha256 (hex) of the bytes written.
+
+    Each piece is hashed, then written (both release the GIL). Encoding a 50 MB text whole
+    would cost as much again in fresh memory pages as in copying it.
+
+    Raises:
+        OSError: the file could not be written (it is removed); its ``filename`` is ``path``.
+    """
+    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except BaseException:
+            if data is not None:
+                digest.update(data)
+                f.write(data)
+            else:
+                for i in range(0, len(text), _PIECE):
+                    piece = text[i:i + _PIECE].encode("ascii")
+                    digest.update(piece)
+                    f.write(piece)
+    except BaseException as exc:
         try:
             os.unlink(path)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk: say which file
+            raise OSError(exc.errno, exc.strerror, path) from None
         raise
-    finally:
-        if hasher is not None:
-            hasher.join()
-    return LoadedContext(text, "text", path, True, source, _sha256=digest.hexdigest())
+    return digest.hexdigest()
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,

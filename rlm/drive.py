@@ -112,6 +112,15 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
             run.close()
             ctx.discard()  # no loop took the context: its scratch copy goes here
             raise ConfigError(str(exc)) from None
+    if ctx.writing:  # a big context's file is being written behind (rlm.context)
+        try:
+            if run.client is not None and recorded is None:
+                run.client.prepare()  # the first call's work, done while the file is written
+            ctx.settle()
+        except BaseException:
+            run.close()
+            ctx.discard()
+            raise
     journal = opts.journal if record else None
     heartbeat = None
     status, answer, reason, cap, raised = "failed", None, "", None, None

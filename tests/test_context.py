@@ -3,9 +3,12 @@ good ones reach the kernel as ``context`` exactly: text, latin-1 with ``--encodi
 ``.json`` as dict/list, and stdin with ``--context -``."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -275,14 +278,22 @@ UNUSUAL_TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("value,text", UNUSUAL_TEXTS + [
-    # big enough to be hashed in a second thread while it is written
+#: big enough to be written and hashed behind, on a thread (rlm.context._write_text)
+BIG_TEXTS = [
+    # ASCII: encoded piece by piece on that thread (two whole pieces and a part)
+    ("a" * (9 << 20) + "tail\n", "a" * (9 << 20) + "tail\n"),
     ("x" * (3 << 20) + "\u00e9\U0001f600\n", "x" * (3 << 20) + "\u00e9\U0001f600\n"),
     ("y" * (2 << 20) + "\udc80", "y" * (2 << 20) + "\ufffd"),
-])
+    (b"caf\xc3\xa9 " * (1 << 18), "caf\u00e9 " * (1 << 18)),  # UTF-8 bytes, written as given
+]
+
+
+@pytest.mark.parametrize("value,text", UNUSUAL_TEXTS + BIG_TEXTS)
 def test_text_context_file_and_hash_are_its_utf8(value, text):
     ctx = load_context(value)
     try:
+        ctx.settle()  # a big one's file is written behind
+        assert not ctx.writing
         data = Path(ctx.path).read_bytes()
         assert ctx.owned and ctx.fmt == "text"
         assert ctx.value == text
@@ -300,9 +311,10 @@ def test_text_context_without_surrogates_is_not_copied():
     assert ctx.value is value
 
 
-def test_text_file_read_in_place_is_hashed_from_its_bytes(tmp_path):
+@pytest.mark.parametrize("times", [1, 200_000])  # the big one is hashed behind
+def test_text_file_read_in_place_is_hashed_from_its_bytes(tmp_path, times):
     p = tmp_path / "t.txt"
-    p.write_bytes("in place, caf\u00e9\r\n".encode("utf-8"))
+    p.write_bytes(("in place, caf\u00e9\r\n" * times).encode("utf-8"))
     ctx = load_context(p)
     assert not ctx.owned and ctx.path == str(p)
     assert ctx.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
@@ -325,6 +337,72 @@ def test_kernel_context_and_recorded_hash_match_the_text(scripted, tmp_path):
         assert seen == text and seen_hash == want
         with Journal(journal) as j:
             assert j.get_run(f"text-{i}")["options"]["context_sha256"] == want
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_big_text_contexts_reach_the_kernel_whole_and_hashed(scripted, tmp_path, journal):
+    """A big context's file is written behind while the run sets up: the kernel still sees
+    the whole text, and the journal records the hash of all of it."""
+    code = ("import hashlib, json\n"
+            "FINAL(json.dumps([len(context), context[-40:], "
+            "hashlib.sha256(context.encode('utf-8')).hexdigest()]))")
+    srv = scripted(lambda req: repl(code))
+    path = str(tmp_path / "j.sqlite3")
+    for i, (value, text) in enumerate(BIG_TEXTS):
+        res = rlm.completion(value, "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                             journal=path if journal else False, run_id=f"big-{i}")
+        assert res.status == "completed", res.reason
+        want = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        assert json.loads(res.answer) == [len(text), text[-40:], want]
+        if journal:
+            with Journal(path) as j:
+                assert j.get_run(f"big-{i}")["options"]["context_sha256"] == want
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A directory on a real 256 KiB filesystem (tmpfs; needs root): a disk that fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("value", ["z" * (3 << 20), "\u00e9" * (2 << 20), "small " * 100_000])
+def test_a_context_write_that_fills_the_disk_is_an_error_naming_the_file(full_dir, value):
+    """Written behind or not, a context whose scratch file does not fit raises OSError
+    (ENOSPC) naming the file, leaves nothing behind, and says so again if asked again."""
+    with pytest.raises(OSError) as caught:
+        ctx = load_context(value, scratch_dir=str(full_dir))
+        ctx.settle()
+    assert caught.value.errno == errno.ENOSPC
+    assert str(caught.value.filename).startswith(str(full_dir))
+    assert list(full_dir.iterdir()) == []
+    if "ctx" in locals():  # written behind: the error stays with the context
+        with pytest.raises(OSError):
+            ctx.sha256
+        ctx.discard()  # never raises
+
+
+@pytest.mark.parametrize("journal", [[], ["--no-journal"]])
+def test_rlm_run_on_a_full_disk_says_so_and_journals_nothing(full_dir, scripted, cli, journal):
+    srv = scripted(lambda req: repl("FINAL('unreachable')"))
+    r = cli("run", "--context", "-", "--query", "q", *endpoint_args(srv), *journal,
+            input="w" * (3 << 20), env={"TMPDIR": str(full_dir)})
+    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)))
+    assert list(full_dir.iterdir()) == []
+    assert not srv.requests  # nothing was sent
+    if not journal:
+        return
+    with Journal(str(cli.journal)) as j:
+        assert j.list_runs() == []
 
 
 def test_kernel_reads_text_files_exactly(tmp_path):
