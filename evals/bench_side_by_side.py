@@ -44,7 +44,7 @@ The figures (what a user pays, whole calls or whole processes):
   CPU per call sets.
 - *50 MB context extra wall over 1 KB*: wall time of a one-turn ``completion`` call given the
   context as a ``str`` (read from a file by the worker before the call), 50 MB minus 1 KB;
-  five pairs per repetition (two with ``--quick``).
+  eight pairs per repetition (two with ``--quick``).
 - *trivial one-turn run, process start to exit*: ours as ``rlm run`` (and, extra row, a
   Python script calling ``rlm.completion``), the reference as a Python script calling
   ``RLM(...).completion``.
@@ -77,6 +77,8 @@ REF_VERSION = "0.1.3"
 DEFAULT_REF_VENV = Path.home() / ".cache" / "rlm" / "bench-ref-venv"
 QUERY = "BENCH-ROOT {}: answer by running the code."
 PROC_TIMEOUT = 300.0
+#: small/big context pairs per harness and repetition (the figure is a difference of medians)
+CONTEXT_PAIRS = 8
 
 
 # -- the reference implementation's environment --------------------------------------------
@@ -256,12 +258,13 @@ class Bench:
         return got
 
     def fig_context(self, order) -> dict:
-        """Five small/big pairs per harness (a call's own start-up varies by +-0.3 s here,
-        more than the figure: with three, one run's median of the reference's figure was
-        below zero); the time of the ``completion`` call in the worker (process start,
+        """:data:`CONTEXT_PAIRS` small/big pairs per harness (a call's own start-up varies by
+        +-0.3 s here, more than the figure: with three, one run's median of the reference's
+        figure was below zero, and with five this project's ranged 0.02-0.26 s over three
+        repetitions); the time of the ``completion`` call in the worker (process start,
         imports and exit cost the same for both sizes and only add noise)."""
         calls: dict = {}
-        for _ in range(2 if self.quick else 5):
+        for _ in range(2 if self.quick else CONTEXT_PAIRS):
             for size, path in order([("small", self.ctx_small), ("big", self.ctx_big)]):
                 for h in order(["ours", "ref"]):
                     r = self.worker(h, "context." + size, context_file=path)

@@ -389,12 +389,6 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
 #: From this size (bytes, or characters of an ASCII text) a text context's file is written and
 #: hashed behind, on a thread (:class:`_Behind`), so that the caller's own set-up overlaps it.
 _WRITE_BEHIND = 1 << 20
-#: The piece (characters) an ASCII text is encoded, hashed and written by, on that thread: each
-#: piece takes the GIL three times, and a thread that wants the GIL back from one busy with
-#: imports waits up to ``sys.getswitchinterval()`` (5 ms) for it, so pieces are few.
-_PIECE = 4 << 20
-
-
 class _Behind:
     """``fn(*args)`` run on a daemon thread, its result collected later (:meth:`result`).
     Where no thread can be started, it runs at once, in the caller's thread."""
@@ -431,12 +425,11 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
     """Write a text context to a temporary file for the kernel, hashing it on the way.
 
     The file holds the text's UTF-8 bytes, hashed (sha256, for
-    :attr:`LoadedContext.sha256`) as they are written (:func:`_write_pieces`): the context
-    is not scanned a second time. A big one (from
-    :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
+    :attr:`LoadedContext.sha256`) when they are written (:func:`_write_hashed`). A big one
+    (from :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
     :meth:`LoadedContext.settle` (called by :meth:`~LoadedContext.share` and
-    :attr:`~LoadedContext.sha256`) waits for it. An ASCII text, the common big case, is
-    encoded piece by piece on that thread too, so no whole second copy of it is ever made.
+    :attr:`~LoadedContext.sha256`) waits for it. A big ASCII text, the common case, is
+    not encoded at all: its own bytes are written (:func:`_ascii_buffer`).
     A text UTF-8 cannot encode (a lone surrogate) follows the text policy of
     :mod:`harness.text` (U+FFFD in the file, the value and the hash); text without one is
     kept as the very object given (no copy).
@@ -458,9 +451,9 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
     fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".txt", dir=scratch_dir)
     ctx = LoadedContext(text, "text", path, True, source)
     if len(text if data is None else data) >= _WRITE_BEHIND:
-        ctx._behind = _Behind(_write_pieces, fd, path, text, data)
+        ctx._behind = _Behind(_write_hashed, fd, path, text, data)
     else:
-        ctx._sha256 = _write_pieces(fd, path, text, data)
+        ctx._sha256 = _write_hashed(fd, path, text, data)
     return ctx
 
 
@@ -469,28 +462,45 @@ def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write_pieces(fd: int, path: str, text: str, data: bytes | None) -> str:
-    """Write ``data`` (or, if None, the ASCII ``text``, encoded a piece of :data:`_PIECE`
-    characters at a time) to the file open as ``fd`` (its name ``path``) and close it;
-    returns the sha256 (hex) of the bytes written.
+def _ascii_buffer(text: str) -> memoryview | None:
+    """The bytes CPython stores an ASCII ``str`` in, which are its UTF-8 encoding, as a
+    read-only view into the string object itself (no copy), or None where they cannot be had
+    that way: another Python, a ``str`` subclass, a string not in the compact ASCII layout,
+    or a view whose first and last bytes are not the text's (checked every time).
 
-    Each piece is hashed, then written (both release the GIL). Encoding a 50 MB text whole
-    would cost as much again in fresh memory pages as in copying it.
+    Encoding a 50 MB text copies it into 50 MB of fresh memory, and the page faults cost as
+    much as the copy: 30-40 ms here, with the GIL held, taken from a caller busy importing.
+    Hashing and writing this view take the GIL for neither. The view is only valid while
+    ``text`` is alive: the caller keeps a reference to it.
+    """
+    if sys.implementation.name != "cpython" or type(text) is not str or not text.isascii():
+        return None
+    n = len(text)
+    head = sys.getsizeof("") - 1  # a compact ASCII str: its header, then n bytes and a NUL
+    if n == 0 or sys.getsizeof(text) != head + n + 1:
+        return None
+    import ctypes
+    view = memoryview((ctypes.c_char * n).from_address(id(text) + head)).cast("B")
+    k = min(n, 256)
+    if view[:k] != text[:k].encode("ascii") or view[n - k:] != text[n - k:].encode("ascii"):
+        return None
+    return view.toreadonly()
+
+
+def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
+    """Write ``data`` (None: the ASCII ``text``'s own bytes, :func:`_ascii_buffer`, or its
+    encoding where those cannot be had) to the file open as ``fd`` (its name ``path``) and
+    close it; returns the sha256 (hex) of the bytes written. Hashing and writing release
+    the GIL.
 
     Raises:
         OSError: the file could not be written (it is removed); its ``filename`` is ``path``.
     """
-    digest = hashlib.sha256()
     try:
+        buf = data if data is not None else _ascii_buffer(text) or text.encode("ascii")
+        digest = hashlib.sha256(buf).hexdigest()
         with os.fdopen(fd, "wb") as f:
-            if data is not None:
-                digest.update(data)
-                f.write(data)
-            else:
-                for i in range(0, len(text), _PIECE):
-                    piece = text[i:i + _PIECE].encode("ascii")
-                    digest.update(piece)
-                    f.write(piece)
+            f.write(buf)
     except BaseException as exc:
         try:
             os.unlink(path)
@@ -499,7 +509,7 @@ def _write_pieces(fd: int, path: str, text: str, data: bytes | None) -> str:
         if isinstance(exc, OSError) and not exc.filename:  # a full disk: say which file
             raise OSError(exc.errno, exc.strerror, path) from None
         raise
-    return digest.hexdigest()
+    return digest
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,

@@ -311,6 +311,22 @@ def test_text_context_without_surrogates_is_not_copied():
     assert ctx.value is value
 
 
+def test_an_ascii_text_is_written_from_its_own_bytes():
+    """A big ASCII str is hashed and written from the bytes the string object holds (no
+    encoded copy); where those cannot be had, None, and the text is encoded instead."""
+    from rlm.context import _ascii_buffer
+
+    text = "".join(chr(32 + i % 95) for i in range(100_000)) + "\n"
+    view = _ascii_buffer(text)
+    assert view is not None and view.readonly and view.tobytes() == text.encode("ascii")
+
+    class Sub(str):
+        pass
+
+    for other in ("caf\u00e9 " * 1000, "\U0001f600" * 10, "", Sub("plain ascii")):
+        assert _ascii_buffer(other) is None
+
+
 @pytest.mark.parametrize("times", [1, 200_000])  # the big one is hashed behind
 def test_text_file_read_in_place_is_hashed_from_its_bytes(tmp_path, times):
     p = tmp_path / "t.txt"
