@@ -1,7 +1,8 @@
 """The kernel supervisor: parent of one Jupyter kernel, reaper of everything it starts.
 
 Run by :mod:`kernels.kernel` as ``python -I -S supervisor.py CONF -- KERNEL_ARGV...``
-(standard library only; CONF is base64 JSON from :func:`kernels.sandbox.supervised_argv`).
+(standard library only, and little of it: it is on the way to every kernel's start; CONF is
+a hex-encoded :mod:`marshal` dump from :func:`kernels.sandbox.supervised_argv`).
 It forks the kernel and then:
 
 * is a child subreaper, so every process the kernel starts stays its descendant, whatever
@@ -20,11 +21,9 @@ supplementary groups), sets ``no_new_privs`` and a parent-death SIGKILL, and set
 ``JPY_PARENT_PID`` to the supervisor (ipykernel exits when its parent changes). A failure
 there is written to CONF ``errfile`` and the kernel exits with 127.
 """
-import base64
 import ctypes
-import json
+import marshal
 import os
-import shutil
 import signal
 import stat
 import sys
@@ -209,7 +208,7 @@ def _watch(kernel, host):
 
 
 def main(args):
-    conf = json.loads(base64.urlsafe_b64decode(args[0]))
+    conf = marshal.loads(bytes.fromhex(args[0]))
     argv = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
     # the host that launched this supervisor; a host killed before this line ran left it
     # with another parent already (init or a subreaper), so getppid() alone would never see
@@ -240,6 +239,7 @@ def main(args):
         # the host does after this exits, unless it is gone or is stopped itself before that
         # (a second Ctrl-C during its shutdown). A kernel that exited on its own keeps it: it
         # may hold the reason its start failed (errfile), which the host reads.
+        import shutil
         shutil.rmtree(conf["own_dir"], ignore_errors=True)
     os._exit(code)
 
