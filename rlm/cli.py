@@ -587,8 +587,9 @@ def _main(argv: list[str]) -> int:
         print(f"rlm: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except OSError as exc:
-        print(f"rlm: error: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}); "
-              "check the path, free disk space and permissions", file=sys.stderr)
+        where = getattr(exc, "filename", None)
+        print(f"rlm: error: {exc.strerror or exc}" + (f" ({where})" if where else "") +
+              "; check the path, free disk space and permissions", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: say so plainly
         if os.environ.get("RLM_DEBUG"):

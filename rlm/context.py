@@ -490,8 +490,8 @@ def _ascii_buffer(text: str) -> memoryview | None:
 def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
     """Write ``data`` (None: the ASCII ``text``'s own bytes, :func:`_ascii_buffer`, or its
     encoding where those cannot be had) to the file open as ``fd`` (its name ``path``) and
-    close it; returns the sha256 (hex) of the bytes written. Hashing and writing release
-    the GIL.
+    close it (:func:`_write_file`); returns the sha256 (hex) of the bytes written. Hashing
+    and writing release the GIL.
 
     Raises:
         OSError: the file could not be written (it is removed); its ``filename`` is ``path``.
@@ -499,17 +499,36 @@ def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
     try:
         buf = data if data is not None else _ascii_buffer(text) or text.encode("ascii")
         digest = hashlib.sha256(buf).hexdigest()
+    except BaseException:
+        os.close(fd)
+        _remove(path)
+        raise
+    _write_file(fd, path, buf)
+    return digest
+
+
+def _write_file(fd: int, path: str, buf: Any) -> None:
+    """Write ``buf`` (bytes-like) to the file open as ``fd`` (its name ``path``) and close it.
+
+    Raises:
+        OSError: it could not be written (a full disk, say): the file is removed, and the
+        error's ``filename`` is ``path`` (an error from ``write`` names no file).
+    """
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(buf)
     except BaseException as exc:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and not exc.filename:  # a full disk: say which file
+        _remove(path)
+        if isinstance(exc, OSError) and not exc.filename:
             raise OSError(exc.errno, exc.strerror, path) from None
         raise
-    return digest
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
@@ -519,15 +538,14 @@ def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
     pass of the C encoder, and written with one ``write``).
 
     Raises:
-        OSError: the file could not be written.
+        OSError: the file could not be written (:func:`_write_file`).
     """
     if fmt == "text":
         return _write_text(value, source, scratch_dir)
     import tempfile
     data = (json.dumps(value, ensure_ascii=False) if blob is None else blob).encode("utf-8")
     fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json", dir=scratch_dir)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    _write_file(fd, path, data)
     return LoadedContext(value, fmt, path, True, source)
 
 

@@ -272,8 +272,34 @@ class _Writer:
         return self.path, off
 
     def close(self) -> None:
+        """Close the file (flushing it: OSError on a full disk)."""
         if self.f is not None:
-            self.f.close()
+            f, self.f = self.f, None
+            f.close()
+
+    def discard(self) -> None:
+        """Close and remove the file, if one was started; never raises."""
+        try:
+            self.close()
+        except OSError:
+            pass
+        if self.path:
+            _remove(self.path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _naming(exc: BaseException, path: str | None) -> BaseException:
+    """``exc``, or for an OSError that names no file (a ``write`` on a full disk), the same
+    error naming ``path``: the scratch file it was writing."""
+    if isinstance(exc, OSError) and not exc.filename and path:
+        return OSError(exc.errno, exc.strerror, path)
+    return exc
 
 
 def _scan_in_place(path: str) -> tuple[int, int, int, str] | None:
@@ -384,12 +410,13 @@ def build(items: list, *, origin: str, encoding: str | None = None,
             digest.update(json.dumps([key, entry[4], value_sha]).encode() + b"\n")
             entries.append(entry)
             info[key] = (kind, chars)
-    except BaseException:
         writer.close()
-        if writer.path:
-            os.unlink(writer.path)
-        raise
-    writer.close()
+    except BaseException as exc:
+        writer.discard()
+        named = _naming(exc, writer.path)
+        if named is exc:
+            raise
+        raise named from None
     if not entries:
         if writer.path:
             os.unlink(writer.path)
@@ -401,9 +428,17 @@ def build(items: list, *, origin: str, encoding: str | None = None,
         raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
                            f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}")
     fd, manifest = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".manifest.json", dir=scratch_dir)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        # ASCII: a path that is not UTF-8 keeps its surrogate escapes for the kernel's open()
-        json.dump({"version": 1, "entries": entries}, f)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # ASCII: a path that is not UTF-8 keeps its surrogate escapes for the kernel's open()
+            json.dump({"version": 1, "entries": entries}, f)
+    except BaseException as exc:
+        writer.discard()
+        _remove(manifest)
+        named = _naming(exc, manifest)
+        if named is exc:
+            raise
+        raise named from None
     meta = describe_files(info, origin=origin, skipped=skipped, ignored=ignored or {}, notes=notes)
     return Bundle(manifest, writer.path, digest.hexdigest(), meta, len(entries), origin)
 

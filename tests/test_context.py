@@ -4,6 +4,7 @@ good ones reach the kernel as ``context`` exactly: text, latin-1 with ``--encodi
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import json
 import os
@@ -407,18 +408,34 @@ def test_a_context_write_that_fills_the_disk_is_an_error_naming_the_file(full_di
         ctx.discard()  # never raises
 
 
-@pytest.mark.parametrize("journal", [[], ["--no-journal"]])
-def test_rlm_run_on_a_full_disk_says_so_and_journals_nothing(full_dir, scripted, cli, journal):
+def _full_disk_sources(tmp_path: Path) -> dict:
+    """Contexts whose scratch file does not fit in 256 KiB: (argv, stdin) per kind."""
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "a.txt").write_bytes("caf\u00e9 ".encode("latin-1") * 120_000)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(["x" * 100] * 6000).encode())
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"gz text " * 80_000))
+    return {"stdin, written behind": (["--context", "-"], "w" * (3 << 20)),
+            "a directory's converted file": (["--context", str(tmp_path / "latin1")], None),
+            "a JSON file rewritten": (["--context", str(tmp_path / "bom.json")], None),
+            "a decompressed file": (["--context", str(tmp_path / "t.txt.gz")], None)}
+
+
+@pytest.mark.parametrize("kind,journal", [
+    ("stdin, written behind", []), ("stdin, written behind", ["--no-journal"]),
+    ("a directory's converted file", []), ("a JSON file rewritten", []),
+    ("a decompressed file", [])])
+def test_rlm_run_on_a_full_disk_says_so_and_journals_nothing(full_dir, scripted, cli, tmp_path,
+                                                             kind, journal):
     srv = scripted(lambda req: repl("FINAL('unreachable')"))
-    r = cli("run", "--context", "-", "--query", "q", *endpoint_args(srv), *journal,
-            input="w" * (3 << 20), env={"TMPDIR": str(full_dir)})
-    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)))
+    argv, stdin = _full_disk_sources(tmp_path)[kind]
+    r = cli("run", *argv, "--query", "q", *endpoint_args(srv), *journal, input=stdin,
+            env={"TMPDIR": str(full_dir)})
+    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)) + "/rlm-ctx-")
     assert list(full_dir.iterdir()) == []
     assert not srv.requests  # nothing was sent
     if not journal:
-        return
-    with Journal(str(cli.journal)) as j:
-        assert j.list_runs() == []
+        with Journal(str(cli.journal)) as j:
+            assert j.list_runs() == []
 
 
 def test_kernel_reads_text_files_exactly(tmp_path):
