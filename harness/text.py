@@ -16,10 +16,12 @@ Standard library only; imported by every layer (the host and the in-kernel runti
 from __future__ import annotations
 
 import codecs
+import re
 import sys
 from typing import Any
 
-__all__ = ["ERRORS", "REPLACEMENT", "clean", "clean_text", "has_surrogates", "protect_streams"]
+__all__ = ["ERRORS", "REPLACEMENT", "clean", "clean_text", "has_surrogates", "printable",
+           "protect_streams"]
 
 #: The codec error handler :func:`protect_streams` installs (``codecs.lookup_error(ERRORS)``).
 ERRORS = "rlm.text"
@@ -103,3 +105,23 @@ def protect_streams(*streams: Any) -> None:
             stream.reconfigure(errors=ERRORS)
         except Exception:
             pass
+
+
+#: What :func:`printable` escapes: C0 controls but tab and newline, DEL, C1 controls, and the
+#: bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal: every control character but tab and newline (the
+    escape sequences that move the cursor, clear the screen, set the window title or write
+    to the clipboard start with one), and every bidirectional override (which reorders what
+    is shown), written as its Python escape (``\\x1b``, ``\\u202e``). Other text, all of
+    Unicode's printable characters, is unchanged (the same object when nothing is escaped).
+
+    For the views that show a human what a model or a user wrote (``rlm show``, ``rlm runs``);
+    not for an answer printed as the command's output, which is data.
+    """
+    if text.isprintable():
+        return text
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)

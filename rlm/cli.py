@@ -319,12 +319,14 @@ def _cmd_show(args) -> int:
     rec = j.get_run(args.run_id)
     if rec is None:
         raise ConfigError(f"no run {args.run_id!r} in journal {j.path}; list runs with `rlm runs`")
+    from harness.text import printable
     tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
-    print(f"run {args.run_id}  state={rec['state']}  query={rec.get('query')!r}")
+    # what the model or the user wrote is shown with its control characters escaped: an
+    # escape sequence in an answer must not drive the terminal of whoever reads the journal
+    print(f"run {printable(args.run_id)}  state={rec['state']}  query={rec.get('query')!r}")
     if rec.get("answer") is not None:
-        print(f"answer: {rec['answer']}")
-    text = tree.render(max_level=args.max_level)
-    print(text)
+        print(f"answer: {printable(rec['answer'])}")
+    print(printable(tree.render(max_level=args.max_level)))
     return 0
 
 
@@ -347,6 +349,7 @@ def _cmd_runs(args) -> int:
     if not runs:
         print(f"no runs in {j.path}")
         return 0
+    from harness.text import printable
     print(f"{'RUN ID':<18} {'STARTED':<19} {'STATE':<15} {'HOST':<16} {'DEPTH':>5} "
           f"{'COST $':>9}  MODEL / QUERY")
     for r in runs:
@@ -354,11 +357,11 @@ def _cmd_runs(args) -> int:
         usage = r.get("usage") or {}
         # a resumed run: what every attempt spent (the usage itself is the last attempt's)
         cost = (usage.get("all_attempts") or usage).get("cost_usd") or 0.0
-        q = (r.get("query") or "").replace("\n", " ")
-        host = str(r.get("owner_host") or "-")[:16]
-        print(f"{_pad(r['run_id'], 18)} {started:<19} {r['state']:<15} {_pad(host, 16)} "
-              f"{r.get('max_depth', ''):>5} "
-              f"{cost:>9.4f}  {r.get('model')} / {q[:60]}")
+        q = printable((r.get("query") or "").replace("\n", " "))
+        host = printable(str(r.get("owner_host") or "-"))[:16]
+        print(f"{_pad(printable(r['run_id']), 18)} {started:<19} {r['state']:<15} "
+              f"{_pad(host, 16)} {r.get('max_depth', ''):>5} "
+              f"{cost:>9.4f}  {printable(str(r.get('model')))} / {q[:60]}")
     return 0
 
 

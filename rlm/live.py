@@ -297,16 +297,20 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
     except KeyboardInterrupt:
         print(f"[rlm] stopped following run {run_id} (it goes on)", file=stream)
         return 0
+    from harness.text import printable  # see rlm.cli._cmd_show
     tree = StageTree.from_records(run_id, journal.stages(run_id))
-    print(f"run {run_id}  state={rec['state']}  query={rec.get('query')!r}", file=out)
+    print(f"run {printable(run_id)}  state={rec['state']}  query={rec.get('query')!r}", file=out)
     if rec.get("answer") is not None:
-        print(f"answer: {rec['answer']}", file=out)
-    print(tree.render(max_level=max_level), file=out, flush=True)
+        print(f"answer: {printable(rec['answer'])}", file=out)
+    print(printable(tree.render(max_level=max_level)), file=out, flush=True)
     return 0
 
 
 def _runs_table(journal, limit: int):
+    from rich.markup import escape
     from rich.table import Table
+
+    from harness.text import printable
     t = Table(title=f"runs in {journal.path}", title_justify="left", box=None)
     for col in ("RUN ID", "STARTED", "STATE", "DEPTH", "COST $", "MODEL / QUERY"):
         t.add_column(col, justify="right" if col in ("DEPTH", "COST $") else "left")
@@ -315,9 +319,11 @@ def _runs_table(journal, limit: int):
         cost = (r.get("usage") or {}).get("cost_usd")
         if r["state"] == "running":  # no usage record until it ends: add up its stages
             cost = sum(float(s.get("cost_usd") or 0) for s in journal.stages(r["run_id"]))
-        q = (r.get("query") or "").replace("\n", " ")[:50]
-        t.add_row(r["run_id"], started, f"[{_STYLE.get(r['state'], '')}]{r['state']}[/]",
-                  str(r.get("max_depth", "")), f"{cost or 0.0:.4f}", f"{r.get('model')} / {q}")
+        # what users and models wrote: control characters escaped, and no rich markup
+        q = printable((r.get("query") or "").replace("\n", " "))[:50]
+        t.add_row(escape(printable(r["run_id"])), started,
+                  f"[{_STYLE.get(r['state'], '')}]{r['state']}[/]", str(r.get("max_depth", "")),
+                  f"{cost or 0.0:.4f}", escape(f"{printable(str(r.get('model')))} / {q}"))
     return t
 
 

@@ -227,6 +227,32 @@ def test_replay_works_with_the_endpoint_gone(cli, scripted, ctx_file):
     assert rp.stdout.strip() == "from-sub"
 
 
+def test_show_and_runs_escape_control_characters_the_model_or_user_wrote(cli, scripted,
+                                                                          ctx_file):
+    """An answer, a query or a model name holding escape sequences (clear the screen, set the
+    window title, colour) or a right-to-left override is shown with them escaped, never sent
+    to the terminal; the answer on `rlm run`'s stdout stays the exact data."""
+    evil = "evil \x1b[31mRED\x1b]0;pwned\x07 \u202eright-to-left\x9b tab\tok"
+    srv = scripted(lambda req: repl(f"FINAL({evil!r})"))
+    run = cli("run", "--context", str(ctx_file), "--query", "q \x1b[2J clear", "--run-id",
+              "esc-1", *endpoint_args(srv))
+    assert run.rc == 0 and run.stdout.rstrip("\n") == evil  # data, exact
+    show, runs = cli("show", "esc-1"), cli("runs")
+    assert show.rc == 0 and runs.rc == 0
+    for out in (show.stdout, runs.stdout):
+        assert not any(c in out for c in "\x1b\x07\u202e\x9b"), repr(out)
+    assert "answer: evil \\x1b[31mRED\\x1b]0;pwned\\x07 \\u202eright-to-left\\x9b tab\tok" \
+        in show.stdout
+    assert "q \\x1b[2J clear" in runs.stdout
+
+
+def test_printable_escapes_controls_and_keeps_text():
+    from harness.text import printable
+    plain = "caf\u00e9 \u4e2d\u6587 \U0001f600 tab\tand\nnewline"
+    assert printable(plain) is plain
+    assert printable("a\rb\x00c\x7fd\x85e\u2066f") == "a\\rb\\x00c\\x7fd\\x85e\\u2066f"
+
+
 def test_show_unknown_run_exits_2(cli):
     # no journal yet at the given path: said so, and none is created by a read-only command
     res = cli("show", "no-such-run")

@@ -154,3 +154,20 @@ def test_a_cell_line_says_why_the_cell_stopped():
     timed_out = plain_line(dict(base, status="failed", error="KeyboardInterrupt: ",
                                 evidence={"timed_out": True, "interrupted": False}))
     assert "failed (timed out)" in timed_out, timed_out
+
+
+def test_the_live_runs_table_shows_queries_as_text(tmp_path):
+    """`rlm runs --watch`: a query holding rich markup or escape sequences is shown as the
+    text it is (markup not applied, control characters escaped)."""
+    import io
+
+    from rich.console import Console
+
+    from rlm.live import _runs_table
+    with Journal(tmp_path / "j.sqlite3") as j:
+        j.create_run("markup-1", query="[bold red]x[/] \x1b[2J y", model="m[/]")
+        out = io.StringIO()
+        Console(file=out, width=200, color_system=None).print(_runs_table(j, 5))
+    text = out.getvalue()
+    assert "\x1b" not in text
+    assert "m[/] / [bold red]x[/] \\x1b[2J y" in text
