@@ -394,10 +394,13 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
 
 def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000,
         api_key: str | None = None, max_concurrent_runs: int = 4) -> None:
-    """Serve until interrupted (uvicorn).
+    """Serve until interrupted (uvicorn), on ``host``:``port`` (``port`` 0: a free port, the
+    one taken is printed).
 
     Raises:
-        ConfigError: bound beyond loopback without a key, or the ``serve`` extra is missing.
+        ConfigError: bound beyond loopback without a key, the ``serve`` extra is missing, or
+        the address cannot be listened on (a port another process holds, an address this
+        machine does not have).
     """
     if not is_loopback(host) and not api_key:
         raise ConfigError(f"rlm serve on {host} (not loopback) needs --api-key KEY "
@@ -410,9 +413,45 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
     app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs)
     import sys
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
+    # bound here rather than by uvicorn: a port in use is a clear error (uvicorn logs it and
+    # exits 1), and with --port 0 the port the system chose can be printed
+    sock = _bind(host, port, shown)
+    port = sock.getsockname()[1]
     print(f"rlm serve: http://{shown}:{port}/v1 (model 'rlm'"
           f"{', key required' if api_key else ''})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM once uvicorn has shut down: a normal stop
+        pass
+
+
+def _bind(host: str, port: int, shown: str):
+    """A TCP socket bound to ``host``:``port`` (IPv6 for an address with a colon), ready for
+    uvicorn to listen on.
+
+    Raises:
+        ConfigError: it cannot be bound (naming the address and what to do).
+    """
+    import errno
+    import socket
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = {errno.EADDRINUSE: "another process is listening there: choose another "
+                                  "--port (0: any free port)",
+                errno.EADDRNOTAVAIL: "this machine has no such address: check --host",
+                errno.EACCES: "ports below 1024 need privileges: choose --port 1024 or above"
+                }.get(exc.errno, "check --host and --port")
+        raise ConfigError(f"rlm serve cannot listen on {shown}:{port}: "
+                          f"{exc.strerror or exc}; {hint}") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 # --------------------------------------------------------------------------- the command

@@ -312,3 +312,48 @@ def test_a_utf8_idempotency_key_names_the_run_as_sent(served):
         body = json.loads(r.read())
     assert body["rlm"]["run_id"] == key, body["rlm"]
     assert body["choices"][0]["message"]["content"] == "keyed"
+
+
+def test_serve_on_port_0_prints_the_port_it_took_and_stops_cleanly(tmp_path):
+    with ScriptedServer(lambda req: repl("FINAL('on a free port')")) as srv:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlm", "serve", "--port", "0", "--base-url", srv.base_url,
+             "--upstream-api-key", API_KEY, "--model", MODEL, "--journal",
+             str(tmp_path / "j.sqlite3")],
+            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+            text=True)
+        try:
+            line = proc.stderr.readline()
+            m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+            assert m and int(m[1]) != 0, line
+            base = f"http://127.0.0.1:{m[1]}/v1"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http(base + "/models", key=None)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.1)
+            client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
+            res = client.chat.completions.create(
+                model="rlm", messages=[{"role": "user", "content": "q"}])
+            assert res.choices[0].message.content == "on a free port"
+        finally:
+            proc.terminate()
+            code = proc.wait(timeout=20)
+        assert code == 0, proc.stderr.read()  # SIGTERM: a normal stop
+
+
+def test_serve_on_a_port_in_use_says_so(cli):
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = cli("serve", "--port", str(port), "--base-url", "http://127.0.0.1:9/v1",
+                "--upstream-api-key", API_KEY, "--model", MODEL, timeout=60)
+    assert r.rc == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "another process is listening there" in r.stderr
