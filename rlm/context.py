@@ -389,6 +389,8 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
 #: From this size (bytes, or characters of an ASCII text) a text context's file is written and
 #: hashed behind, on a thread (:class:`_Behind`), so that the caller's own set-up overlaps it.
 _WRITE_BEHIND = 1 << 20
+
+
 class _Behind:
     """``fn(*args)`` run on a daemon thread, its result collected later (:meth:`result`).
     Where no thread can be started, it runs at once, in the caller's thread."""
@@ -497,9 +499,12 @@ def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
         OSError: the file could not be written (it is removed); its ``filename`` is ``path``.
     """
     try:
-        buf = data if data is not None else _ascii_buffer(text) or text.encode("ascii")
+        buf = data if data is not None else _ascii_buffer(text)
+        if buf is None:
+            buf = text.encode("ascii")
         digest = hashlib.sha256(buf).hexdigest()
     except BaseException:
+        from .sources import _remove
         os.close(fd)
         _remove(path)
         raise
@@ -518,17 +523,12 @@ def _write_file(fd: int, path: str, buf: Any) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(buf)
     except BaseException as exc:
+        from .sources import _naming, _remove
         _remove(path)
-        if isinstance(exc, OSError) and not exc.filename:
-            raise OSError(exc.errno, exc.strerror, path) from None
-        raise
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+        named = _naming(exc, path)
+        if named is exc:
+            raise
+        raise named from None
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
