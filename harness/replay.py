@@ -135,11 +135,12 @@ def check_same_run(record: dict, query: str | None, context_sha256: str) -> None
     """
     if (record.get("query") or "") != (query or ""):
         raise RunMismatchError(f"run id {record['run_id']!r} was recorded with another query "
-                               f"({record.get('query')!r}); use a new --run-id for a new question")
+                               f"({record.get('query')!r}); a new question needs a new run id")
     want = (record.get("options") or {}).get("context_sha256")
     if want and context_sha256 != want:
         raise RunMismatchError(f"run id {record['run_id']!r} was recorded with another context "
-                               "(sha256 differs); use a new --run-id for a new context")
+                               "(sha256 differs): resuming it needs the context it ran with, "
+                               "and a new context needs a new run id")
 
 
 def begin_resume(journal: Any, record: dict, policy: str = "stop") -> Replay | None:

@@ -18,11 +18,16 @@ import json
 FILE = 1
 
 
+class ContextChanged(RuntimeError):
+    """A context file the host loaded changed before the kernel read it: the kernel would
+    hold other text than the run's journal records (the host reports it as bad input)."""
+
+
 def read_bundle(manifest: str) -> dict:
     """The context a manifest describes: a dict of key -> value, in the manifest's order.
 
     Raises:
-        OSError: a file cannot be read. RuntimeError: a file changed since it was loaded.
+        OSError: a file cannot be read. ContextChanged: a file changed since it was loaded.
         ValueError: a slice is not UTF-8 or not JSON.
     """
     with open(manifest, "rb") as f:
@@ -40,7 +45,7 @@ def read_bundle(manifest: str) -> dict:
             f.seek(offset)
             data = f.read(length)
             if len(data) != length:
-                raise RuntimeError(f"context file {src} changed since it was loaded "
+                raise ContextChanged(f"context file {src} changed since it was loaded "
                                    f"({len(data)} of {length} bytes at offset {offset})")
             out[key] = json.loads(data) if kind == "json" else data.decode("utf-8")
             del data

@@ -309,7 +309,8 @@ def boot_code() -> str:
     return BOOT_CODE
 
 
-def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str) -> str:
+def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str,
+              size: int | None = None) -> str:
     """The cell that binds a started kernel to one RLM instance (Python source, str).
 
     It calls ``kernels.runtime.bind``: the kernel connects to the bridge socket with
@@ -322,11 +323,14 @@ def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str) 
         context_path: the file holding the context, or None for no context.
         fmt: ``"text"`` (UTF-8 text), ``"json"`` (a JSON document) or ``"bundle"`` (a
             many-file context's manifest, :mod:`kernels.bundle`).
+        size: the file's size in bytes when the host loaded it (the user's own file, read
+            in place), or None: a file of another size is refused (``ContextChanged``).
 
     The cell prints nothing; it raises in the kernel (an error in the cell result) if the
     context file is missing or is not valid for ``fmt``.
     """
-    return f"{RUNTIME_NAME}.bind({bridge_path!r}, {token!r}, {context_path!r}, {fmt!r})"
+    return (f"{RUNTIME_NAME}.bind({bridge_path!r}, {token!r}, {context_path!r}, {fmt!r}"
+            + (f", {int(size)!r})" if size is not None else ")"))
 
 
 def final_value(answer: str) -> dict:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Mapping
 
 from harness.text import clean_text
-from kernels.bundle import read_bundle
+from kernels.bundle import ContextChanged, read_bundle
 from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, checked_value,
                               decode_error, encode_frame, final_value, is_error_item,
                               recv_message, request, schema_dict)
@@ -438,44 +438,60 @@ except ImportError:  # pragma: no cover - jupyter_client is a dependency
 _install_packer()
 
 
-def load_context(path: str, fmt: str):
+def load_context(path: str, fmt: str, size: int | None = None):
     """Read the context file written by the host: ``fmt`` is ``"text"``, ``"json"`` or
     ``"bundle"`` (a many-file context's manifest: :mod:`kernels.bundle`).
 
+    ``size``: the bytes the host loaded from the file (a user's file read in place), or None.
+
     Returns the text (str), the decoded JSON value, or the bundle's dict. Raises OSError if
     a file cannot be read, ValueError if it is not UTF-8 (text) or not JSON (json),
-    RuntimeError if a bundle's file changed since the host loaded it.
+    ContextChanged if a file changed since the host loaded it (another size).
     """
     if fmt == "bundle":
         return read_bundle(path)
     if fmt == "json":
         with open(path, "rb") as f:
-            return json.loads(f.read())  # the host wrote it clean (see rlm.context)
-    return read_text(path)
+            data = f.read()
+        _check_size(path, len(data), size)
+        return json.loads(data)  # the host wrote it clean (see rlm.context)
+    return read_text(path, size)
 
 
-def read_text(path: str) -> str:
+def _check_size(path: str, got: int, size: int | None) -> None:
+    if size is not None and got != size:
+        raise ContextChanged(f"context file {path} changed since it was loaded ({got} bytes "
+                             f"now, {size} then)")
+
+
+def read_text(path: str, size: int | None = None) -> str:
     """The UTF-8 text of the file at ``path``, exactly (no newline translation, a BOM kept).
 
     The file is memory-mapped and decoded in one pass: its bytes are copied once, into the
     ``str``, not first into a ``bytes`` buffer (a 50 MB context loads in about half the time
     of a buffered read). An empty file, or one that cannot be mapped, is read plainly.
 
+    ``size``: the bytes expected (the host's reading of a user's file), or None.
+
     Raises:
         OSError: the file cannot be opened or read. ValueError (UnicodeDecodeError): it is
-        not UTF-8.
+        not UTF-8. ContextChanged: it does not hold ``size`` bytes.
     """
     import mmap
     with open(path, "rb") as f:
         try:
             m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ValueError, OSError):  # empty, or not mappable (a pipe, some filesystems)
-            return f.read().decode("utf-8")
+            data = f.read()
+            _check_size(path, len(data), size)
+            return data.decode("utf-8")
         with m:
+            _check_size(path, len(m), size)
             return str(m, "utf-8")
 
 
-def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text") -> str:
+def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text",
+         size: int | None = None) -> str:
     """Bind this kernel to one RLM instance: its bridge, its secret and its ``context``.
 
     Called once per kernel by the host, through :func:`kernels.protocol.bind_code`.
@@ -485,13 +501,15 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
         token: this kernel's secret (hex str).
         context_path: the context file, or None (``context`` is then None).
         fmt: ``"text"``, ``"json"`` or ``"bundle"`` (see :func:`load_context`).
+        size: the context file's size when the host loaded it, or None (see
+            :func:`load_context`).
 
     Returns a short description for the host's log (str). Raises what
     :func:`load_context` raises.
     """
     _CONF.update(socket=socket_path, token=token)
     _STATE.sock = None
-    ctx = load_context(context_path, fmt) if context_path else None
+    ctx = load_context(context_path, fmt, size) if context_path else None
     ip = _ip()
     RESERVED.clear()
     RESERVED.update(

@@ -231,7 +231,9 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
 
     Raises:
         RunActiveError: the run is still running (fresh heartbeat).
-        DivergenceError: a recorded call differs (policy ``divergence="stop"``).
+        DivergenceError: a recorded call differs (policy ``divergence="stop"``), or the
+            ``context`` given is not the one the run was recorded with (also for a finished
+            run).
         ConfigError: unknown run id.
     """
     j = open_journal(options.get("journal"), must_exist=True)
@@ -240,10 +242,12 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
     finally:
         if j is not options.get("journal"):  # the run below opens (and closes) its own
             j.close()
+    enc = options.pop("encoding", None) or (rec.get("options") or {}).get("context_encoding")
     if rec["state"] in RECORDED_STATES:
+        if context is not None:  # a context given must be the run's, finished or not
+            stored_context(rec, context, enc).discard()
         return Result.from_record(rec)
     ctx_src = context
-    enc = options.pop("encoding", None) or (rec.get("options") or {}).get("context_encoding")
     if ctx_src is None:
         stored_context(rec, None, enc).discard()  # checks it is there and unchanged
         ctx_src = stored_source(rec)

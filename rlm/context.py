@@ -71,6 +71,10 @@ class LoadedContext:
     _given: bool = False
     #: the file's writing and hashing still under way on a thread (:class:`_Behind`), or None
     _behind: Any = None
+    #: ``(size, mtime_ns)`` of the user's own file when the kernel reads it in place (not
+    #: ``owned``): checked again before the kernel is given it (:meth:`share`), and the size
+    #: by the kernel as it reads, so the text the kernel sees is the text the journal hashed
+    stamp: tuple | None = None
 
     @property
     def sha256(self) -> str:
@@ -78,7 +82,7 @@ class LoadedContext:
         context written by the host is hashed while its file is written).
 
         Raises:
-            OSError: the context's file, written on a thread, could not be written.
+            ContextError: the context's file, written on a thread, could not be written.
         """
         self.settle()
         if self._sha256 is None:
@@ -99,8 +103,8 @@ class LoadedContext:
         """Wait until the file at :attr:`path` is whole (a no-op once it is).
 
         Raises:
-            OSError: it could not be written (it is removed; the error is the write's own,
-            a full disk say). Raised again on every later call.
+            ContextError: it could not be written (it is removed; a full disk, say), naming
+            the file. Raised again on every later call.
         """
         behind = self._behind
         if behind is not None:
@@ -123,21 +127,47 @@ class LoadedContext:
         and a later call (a restarted kernel) first writes the file again from the value.
 
         Raises:
-            OSError: the file could not be written, copied or moved.
+            ContextError: the file could not be written, copied or moved (a full disk,
+            say), naming the file.
         """
         if not self.path:
             return None
         self.settle()
-        movable = self.owned and self.fmt in ("text", "json") and self.value is not None
-        if not movable:
-            return kernel.share_file(self.path, self.fmt)
-        if self._given:
-            self._rewrite()
-            self.settle()
-        dest = kernel.share_file(self.path, self.fmt, True)
+        self.check_unchanged()
+        try:
+            movable = self.owned and self.fmt in ("text", "json") and self.value is not None
+            if not movable:
+                return kernel.share_file(self.path, self.fmt)
+            if self._given:
+                self._rewrite()
+                self.settle()
+            dest = kernel.share_file(self.path, self.fmt, True)
+        except OSError as exc:  # the kernel's private copy, on a full disk say
+            from .sources import scratch_error
+            raise scratch_error(exc, None) from None
         if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
             self._given = True
         return dest
+
+    def check_unchanged(self) -> None:
+        """For the user's own file read in place (:attr:`stamp`): check it still has the size
+        and modification time it had when it was loaded and hashed.
+
+        Raises:
+            ContextError: it changed (or is gone) since: the kernel would not see the text
+            the run's journal records.
+        """
+        if self.stamp is None:
+            return
+        try:
+            now = _stamp(os.stat(self.path))
+        except OSError:
+            now = None
+        if now != self.stamp:
+            raise ContextError(f"context file {self.path} changed since it was loaded (its "
+                               "size or modification time differs): the kernel would not see "
+                               "the text the run's journal records; run again once nothing "
+                               "writes to it")
 
     def _rewrite(self) -> None:
         """Write :attr:`value` to a new temporary file (the same bytes as the first time),
@@ -150,7 +180,7 @@ class LoadedContext:
         Waits for a write still under way (a failed one has removed its file); never raises."""
         try:
             self.settle()
-        except OSError:
+        except (OSError, ContextError):
             pass
         if self.owned and self.path:
             for p in [*([] if self._given else [self.path]), *self.extra_files]:
@@ -278,6 +308,8 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
         same = formats.is_utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
         return _write_text(source, "<value>", scratch_dir, raw if same else None)
     if isinstance(source, str):
+        if type(source) is not str:  # a subclass: its own text, not what its methods say
+            source = str.__str__(source)
         if _blank(source):
             raise ContextError("context is empty; give the text to work on")
         return _write_text(source, "<value>", scratch_dir)
@@ -299,6 +331,7 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
     from .sources import DEFAULT_MAX_BYTES, _too_big, shown_path
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
     regular = False  # a regular file (read in place by the kernel when it can be)
+    stamp = None  # its (size, mtime_ns) as read
     name = "" if path == "-" else Path(path).name
     inner, comp = formats.split_suffixes(name)
     if path == "-":
@@ -324,6 +357,11 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
                 # on one whose first bytes are binary (/dev/zero, /dev/urandom)
                 data = _read_capped(f, limit, source, sized=regular, early=not regular and
                                     not comp and formats.suffix(inner) != ".pdf")
+                if regular:
+                    stamp = _stamp(os.fstat(f.fileno()))
+                    if stamp != _stamp(st) or stamp[0] != len(data):
+                        raise ContextError(f"context file {shown_path(path)} changed while it "
+                                           "was read; run again once nothing writes to it")
         except OSError as exc:
             raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
     if _blank(data):
@@ -357,7 +395,8 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             return _write_text(cleaned, source, scratch_dir)
         if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
                 formats.is_utf8(encoding):
-            return LoadedContext(value, "json", os.path.abspath(path), False, source)
+            return LoadedContext(value, "json", os.path.abspath(path), False, source,
+                                 stamp=stamp)
         return _write(cleaned, "json", source, scratch_dir)
     conv = formats.convert(name, data, source, encoding)
     if conv.kind != "text" and not conv.value:
@@ -369,7 +408,8 @@ def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str 
             and not data.startswith(b"\xef\xbb\xbf"):
         # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
         # (hashed behind when big, like a file the host writes)
-        ctx = LoadedContext(conv.value, "text", os.path.abspath(path), False, source)
+        ctx = LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
+                            stamp=stamp)
         if len(data) >= _WRITE_BEHIND:
             ctx._behind = _Behind(_sha256_hex, data)
         else:
@@ -440,8 +480,8 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
         text: the context (str). data: its UTF-8 encoding, if the caller has it already
             (bytes given by the user that decoded as UTF-8 without a BOM).
     Raises:
-        OSError: the file could not be written (it is removed); for a file written behind,
-        raised by :meth:`LoadedContext.settle` instead.
+        ContextError: the file could not be written (it is removed; a full disk, say); for a
+        file written behind, raised by :meth:`LoadedContext.settle` instead.
     """
     import tempfile
     if data is None and not (len(text) >= _WRITE_BEHIND and text.isascii()):
@@ -457,6 +497,11 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
     else:
         ctx._sha256 = _write_hashed(fd, path, text, data)
     return ctx
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    """``(size, mtime_ns)``: what tells a file changed since it was read."""
+    return st.st_size, st.st_mtime_ns
 
 
 def _sha256_hex(data: bytes) -> str:
@@ -496,7 +541,7 @@ def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
     and writing release the GIL.
 
     Raises:
-        OSError: the file could not be written (it is removed); its ``filename`` is ``path``.
+        ContextError: the file could not be written (it is removed), naming it.
     """
     try:
         buf = data if data is not None else _ascii_buffer(text)
@@ -516,8 +561,8 @@ def _write_file(fd: int, path: str, buf: Any) -> None:
     """Write ``buf`` (bytes-like) to the file open as ``fd`` (its name ``path``) and close it.
 
     Raises:
-        OSError: it could not be written (a full disk, say): the file is removed, and the
-        error's ``filename`` is ``path`` (an error from ``write`` names no file).
+        ContextError: it could not be written (a full disk, say): the file is removed, and
+        the error names it (an error from ``write`` names no file).
     """
     try:
         with os.fdopen(fd, "wb") as f:
@@ -538,7 +583,7 @@ def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
     pass of the C encoder, and written with one ``write``).
 
     Raises:
-        OSError: the file could not be written (:func:`_write_file`).
+        ContextError: the file could not be written (:func:`_write_file`).
     """
     if fmt == "text":
         return _write_text(value, source, scratch_dir)

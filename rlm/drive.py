@@ -99,40 +99,43 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
     _quick_exit_after_runs()
     if isinstance(query, str):
         query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
-    run = RunTree(opts, run_id=run_id, recorded=recorded, client=client, adopt_head=not plain)
-    if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
-        opts.cancel.attach(run)
-    # a replay sends nothing (every call is served from the journal, a refusal from its
-    # record): it needs no prices, and the price file may be gone
-    if record and opts.budget.max_cost_usd is not None:
-        try:
-            run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
-                                                     opts.child_model) if m})
-        except Exception as exc:
-            run.close()
-            ctx.discard()  # no loop took the context: its scratch copy goes here
-            raise ConfigError(str(exc)) from None
-    if ctx.writing:  # a big context's file is being written behind (rlm.context)
-        try:
+    try:
+        run = RunTree(opts, run_id=run_id, recorded=recorded, client=client,
+                      adopt_head=not plain)
+    except BaseException:  # a Ctrl-C during the set-up, say: no loop took the context
+        ctx.discard()
+        raise
+    try:  # until the run is recorded, anything raised closes it and discards the context
+        if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
+            opts.cancel.attach(run)
+        # a replay sends nothing (every call is served from the journal, a refusal from its
+        # record): it needs no prices, and the price file may be gone
+        if record and opts.budget.max_cost_usd is not None:
+            try:
+                run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
+                                                         opts.child_model) if m})
+            except Exception as exc:
+                raise ConfigError(str(exc)) from None
+        if ctx.writing:  # a big context's file is being written behind (rlm.context)
             if run.client is not None and recorded is None:
                 run.client.prepare()  # the first call's work, done while the file is written
             ctx.settle()
-        except BaseException:
-            run.close()
-            ctx.discard()
-            raise
-    journal = opts.journal if record else None
+        journal = opts.journal if record else None
+        if journal is not None and recorded is None:
+            from .run_config import stored_options
+            stored = stored_options(opts, ctx)
+            if plain:
+                stored["plain"] = True
+            journal.create_run(run.run_id, query=query or "", model=opts.model,
+                               sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
+                               options=stored)
+    except BaseException:
+        run.close()
+        ctx.discard()
+        raise
     heartbeat = None
     status, answer, reason, cap, raised = "failed", None, "", None, None
     root = None
-    if journal is not None and recorded is None:
-        from .run_config import stored_options
-        stored = stored_options(opts, ctx)
-        if plain:
-            stored["plain"] = True
-        journal.create_run(run.run_id, query=query or "", model=opts.model,
-                           sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
-                           options=stored)
     try:  # from here on the run ends recorded (a Ctrl-C now is journaled as cancelled)
         if journal is not None:
             heartbeat = journal.start_heartbeat(run.run_id)

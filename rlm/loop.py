@@ -20,7 +20,7 @@ from kernels.protocol import FINAL_EXPR, FINAL_KEY, bind_code, parse_final
 
 from . import prompts
 from .context import LoadedContext, describe
-from .errors import KernelError
+from .errors import ContextError, KernelError
 from .parsing import parse_reply
 from .run_tree import RunTree
 from .schema import AnswerCheck
@@ -217,8 +217,14 @@ class RLMLoop:
         # a kernel running as another user (root host) reads a private copy of the context
         # (a many-file context: of the files that user may not read)
         path = self.context.share(kernel)
-        code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt)
+        stamp = self.context.stamp  # the user's own file, read in place: its size then
+        code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt,
+                         stamp[0] if stamp else None)
         res, _ = kernel.execute(code, timeout=120)
+        if res.error and res.error.startswith("ContextChanged:"):
+            raise ContextError(res.error.split(": ", 1)[1] + ": the kernel would not see the "
+                               "text the run's journal records; run again once nothing "
+                               "writes to it")
         if res.error:
             raise KernelError(f"could not load the context into the kernel: {res.error}")
 

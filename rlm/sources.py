@@ -295,11 +295,24 @@ def _remove(path: str) -> None:
 
 
 def _naming(exc: BaseException, path: str | None) -> BaseException:
-    """``exc``, or for an OSError that names no file (a ``write`` on a full disk), the same
-    error naming ``path``: the scratch file it was writing."""
-    if isinstance(exc, OSError) and not exc.filename and path:
-        return OSError(exc.errno, exc.strerror, path)
+    """``exc``, or for an OSError (a ``write`` on a full disk names no file) a
+    :class:`~rlm.errors.ContextError` naming ``path``, the scratch file it was writing, and
+    what to do."""
+    if isinstance(exc, OSError):
+        return scratch_error(exc, path)
     return exc
+
+
+def scratch_error(exc: OSError, path: str | None) -> ContextError:
+    """The :class:`~rlm.errors.ContextError` for a context file that could not be written
+    (``exc``; ``path``: the file, when the error does not name it), e.g. a full disk."""
+    where = path or exc.filename2 or exc.filename
+    folder = os.path.dirname(str(where)) if where else tempfile.gettempdir()
+    err = ContextError(f"could not write the context for the kernel: {exc.strerror or exc}"
+                       + (f" ({where})" if where else "") + f"; free space in {folder} or "
+                       "point TMPDIR at a disk with room")
+    err.errno = exc.errno  # type: ignore[attr-defined]
+    return err
 
 
 def _scan_in_place(path: str) -> tuple[int, int, int, str] | None:

@@ -421,3 +421,18 @@ def test_a_stop_signal_cancels_the_run_and_cleans_up(scripted, tmp_path, sig):
     with Journal(journal) as j:
         assert j.get_run("stopped")["state"] == "cancelled"
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"rlm-bridge-{proc.pid}-*"))
+
+
+def test_resume_of_a_finished_run_checks_the_context_given(cli, scripted, tmp_path):
+    first, other = tmp_path / "first.txt", tmp_path / "other.txt"
+    first.write_text("the context it ran with")
+    other.write_text("another context entirely")
+    srv = scripted(lambda req: repl("FINAL('recorded answer')"))
+    run = cli("run", "--context", str(first), "--query", "q", "--run-id", "done-1",
+              *endpoint_args(srv))
+    assert run.rc == 0 and run.stdout.strip() == "recorded answer"
+    same = cli("resume", "done-1", "--context", str(first))
+    assert same.rc == 0 and same.stdout.strip() == "recorded answer", same.stderr
+    wrong = cli("resume", "done-1", "--context", str(other))
+    assert_clean_error(wrong, 6, "differs", "same context")
+    assert "--run-id" not in wrong.stderr

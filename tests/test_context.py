@@ -19,6 +19,7 @@ from conftest import API_KEY, MODEL, assert_clean_error, endpoint_args, repl, sc
 from harness.journal import Journal
 from rlm import formats
 from rlm.context import describe, load_context
+from rlm.errors import ContextError
 
 # --------------------------------------------------------------------------- CLI: refused input
 
@@ -305,6 +306,26 @@ def test_text_context_file_and_hash_are_its_utf8(value, text):
     assert not Path(ctx.path).exists()
 
 
+@pytest.mark.parametrize("size", [100, 3 << 20])
+def test_a_str_subclass_context_is_its_text_not_what_its_methods_say(size):
+    class Odd(str):
+        def encode(self, *a, **k):
+            return b"xx"
+
+        def __len__(self):
+            return 2
+
+    text = "t" * size
+    ctx = load_context(Odd(text))
+    try:
+        ctx.settle()
+        assert type(ctx.value) is str and ctx.value == text
+        assert Path(ctx.path).read_bytes() == text.encode()
+        assert ctx.sha256 == hashlib.sha256(text.encode()).hexdigest()
+    finally:
+        ctx.discard()
+
+
 def test_text_context_without_surrogates_is_not_copied():
     value = "a context " * 1000 + "\u4e2d"
     ctx = load_context(value)
@@ -392,18 +413,21 @@ def full_dir(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.parametrize("value", ["z" * (3 << 20), "\u00e9" * (2 << 20), "small " * 100_000])
+@pytest.mark.parametrize("value", ["z" * (3 << 20), "\u00e9" * (2 << 20), "small " * 100_000,
+                                   ["a JSON list"] * 60_000, {"k": "v" * 600_000}])
 def test_a_context_write_that_fills_the_disk_is_an_error_naming_the_file(full_dir, value):
-    """Written behind or not, a context whose scratch file does not fit raises OSError
-    (ENOSPC) naming the file, leaves nothing behind, and says so again if asked again."""
-    with pytest.raises(OSError) as caught:
+    """Written behind or not, a context whose scratch file does not fit raises ContextError
+    (an RLMError; errno ENOSPC) naming the file, leaves nothing behind, and says so again if
+    asked again."""
+    with pytest.raises(ContextError) as caught:
         ctx = load_context(value, scratch_dir=str(full_dir))
         ctx.settle()
     assert caught.value.errno == errno.ENOSPC
-    assert str(caught.value.filename).startswith(str(full_dir))
+    assert re.search(r"No space left on device \(" + re.escape(str(full_dir)) + "/rlm-ctx-",
+                     str(caught.value)), str(caught.value)
     assert list(full_dir.iterdir()) == []
     if "ctx" in locals():  # written behind: the error stays with the context
-        with pytest.raises(OSError):
+        with pytest.raises(ContextError):
             ctx.sha256
         ctx.discard()  # never raises
 
@@ -461,3 +485,74 @@ def test_decoding_applies_the_text_policy_only_where_surrogates_can_come_from():
     assert formats.decode("caf\u00e9 \U0001f600".encode(), "<t>", None) == (
         "caf\u00e9 \U0001f600", None)
     assert formats.decode(b"a +2D0- b", "<t>", "utf-7") == ("a \ufffd b", None)
+
+
+def test_a_kernel_copy_of_the_context_on_a_full_disk_fails_the_run_naming_it(full_dir, scripted,
+                                                                             cli, tmp_path):
+    """A file read in place that the kernel's user may not read is copied into the kernel's
+    directory (root host): on a full disk that copy fails the run with the copy named, not
+    as an internal error and not under the user's own file's name."""
+    if os.geteuid() != 0:
+        pytest.skip("the kernel runs as the host's own user: nothing is copied")
+    src = tmp_path / "private" / "in-place.txt"
+    src.parent.mkdir(mode=0o700)
+    src.write_text("a line of text\n" * 40_000)
+    srv = scripted(lambda req: repl("FINAL('unreachable')"))
+    r = cli("run", "--context", str(src), "--query", "q", "--run-id", "copy-1",
+            *endpoint_args(srv), env={"TMPDIR": str(full_dir)})
+    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)) + r"/\S+in-place\.txt")
+    with Journal(str(cli.journal)) as j:
+        run = j.get_run("copy-1")
+    assert run["status"] == "failed" and "internal error" not in run["error"], run
+    assert "could not write the context for the kernel" in run["error"]
+
+
+def test_a_file_read_in_place_is_checked_unchanged_before_the_kernel_reads_it(tmp_path):
+    p = tmp_path / "in-place.txt"
+    p.write_text("the text the journal hashes\n" * 100)
+    ctx = load_context(p)
+    assert not ctx.owned and ctx.stamp == (p.stat().st_size, p.stat().st_mtime_ns)
+    ctx.check_unchanged()  # nothing changed
+    with open(p, "r+b") as f:  # the same size, other bytes (and a newer modification time)
+        f.write(b"THE")
+    os.utime(p, ns=(p.stat().st_atime_ns, ctx.stamp[1] + 1_000_000))
+    with pytest.raises(ContextError, match="changed since it was loaded"):
+        ctx.check_unchanged()
+    p.write_text("shorter")
+    with pytest.raises(ContextError, match="changed since it was loaded"):
+        ctx.check_unchanged()
+
+
+def test_the_kernel_refuses_a_context_file_of_another_size_than_loaded(tmp_path):
+    from kernels.bundle import ContextChanged
+    from kernels.runtime import load_context as kernel_load
+
+    (tmp_path / "t.txt").write_text("twelve bytes")
+    (tmp_path / "t.json").write_text('["json"]')
+    assert kernel_load(str(tmp_path / "t.txt"), "text", 12) == "twelve bytes"
+    assert kernel_load(str(tmp_path / "t.json"), "json", 8) == ["json"]
+    for name, fmt in (("t.txt", "text"), ("t.json", "json")):
+        with pytest.raises(ContextChanged, match="changed since it was loaded"):
+            kernel_load(str(tmp_path / name), fmt, 5)
+
+
+def test_a_run_whose_context_file_changes_before_the_kernel_reads_it_fails_as_bad_input(
+        scripted, tmp_path):
+    """The file changes after it was hashed (here from a listener, as the run's first stage
+    opens): the run fails with a ContextError, never answers from other text than its
+    journal records."""
+    p = tmp_path / "in-place.txt"
+    p.write_text("the text the journal hashes\n" * 100)
+    srv = scripted(lambda req: repl("FINAL(str(len(context)))"))
+
+    def change(event):
+        if p.stat().st_size > 10:
+            p.write_text("other")
+
+    with pytest.raises(ContextError, match="changed since it was loaded") as caught:
+        rlm.completion(p, "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                       journal=str(tmp_path / "j.sqlite3"), run_id="changed-1",
+                       listeners=[change])
+    assert caught.value.result.status == "failed"
+    with Journal(str(tmp_path / "j.sqlite3")) as j:
+        assert "changed since it was loaded" in j.get_run("changed-1")["error"]
