@@ -306,7 +306,11 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
             raise ContextError("context is empty; give the text to work on")
         # bytes read as UTF-8 (no BOM, no other encoding found) are the text's own encoding
         same = formats.is_utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
-        return _write_text(source, "<value>", scratch_dir, raw if same else None)
+        ctx = _write_text(source, "<value>", scratch_dir, raw if same else None)
+        if detected:  # told to the model, as for a file
+            ctx.meta = describe(ctx.value)
+            ctx.meta["note"] = f"It holds text decoded from bytes as {detected} (detected)."
+        return ctx
     if isinstance(source, str):
         if type(source) is not str:  # a subclass: its own text, not what its methods say
             source = str.__str__(source)

@@ -556,3 +556,18 @@ def test_a_run_whose_context_file_changes_before_the_kernel_reads_it_fails_as_ba
     assert caught.value.result.status == "failed"
     with Journal(str(tmp_path / "j.sqlite3")) as j:
         assert "changed since it was loaded" in j.get_run("changed-1")["error"]
+
+
+def test_bytes_in_a_detected_encoding_carry_the_note_a_file_would():
+    raw = ("Gr\u00fc\u00dfe aus M\u00fcnchen, sch\u00f6ne Gr\u00f6\u00dfe\n" * 500).encode("cp1252")
+    text, detected = formats.decode(raw, "<bytes>", None)
+    assert detected
+    ctx = load_context(raw)
+    try:
+        assert ctx.value == text
+        assert describe(ctx)["note"] == f"It holds text decoded from bytes as {detected} (detected)."
+    finally:
+        ctx.discard()
+    utf8 = load_context("plain UTF-8 text".encode())
+    assert "note" not in describe(utf8)
+    utf8.discard()
