@@ -137,7 +137,7 @@ class LoadedContext:
         try:
             movable = self.owned and self.fmt in ("text", "json") and self.value is not None
             if not movable:
-                return kernel.share_file(self.path, self.fmt)
+                return self._share_unmoved(kernel)
             if self._given:
                 self._rewrite()
                 self.settle()
@@ -147,6 +147,15 @@ class LoadedContext:
             raise scratch_error(exc, None) from None
         if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
             self._given = True
+        return dest
+
+    def _share_unmoved(self, kernel: Any) -> str:
+        """The user's own file (or a bundle) for ``kernel``; a private copy of the user's
+        file is checked against :attr:`stamp` once made (a file rewritten while it was
+        copied, at the same size, would otherwise reach the kernel unnoticed)."""
+        dest = kernel.share_file(self.path, self.fmt)
+        if dest != self.path:
+            self.check_unchanged()
         return dest
 
     def check_unchanged(self) -> None:

@@ -222,9 +222,10 @@ class RLMLoop:
                          stamp[0] if stamp else None)
         res, _ = kernel.execute(code, timeout=120)
         if res.error and res.error.startswith("ContextChanged:"):
-            raise ContextError(res.error.split(": ", 1)[1] + ": the kernel would not see the "
-                               "text the run's journal records; run again once nothing "
-                               "writes to it")
+            # named as the user knows it (the kernel may have read a private copy)
+            raise ContextError(f"context file {self.context.path} changed since it was "
+                               "loaded: the kernel would not see the text the run's journal "
+                               "records; run again once nothing writes to it")
         if res.error:
             raise KernelError(f"could not load the context into the kernel: {res.error}")
 

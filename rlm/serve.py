@@ -427,8 +427,8 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
 
 
 def _bind(host: str, port: int, shown: str):
-    """A TCP socket bound to ``host``:``port`` (IPv6 for an address with a colon), ready for
-    uvicorn to listen on.
+    """A TCP socket bound to ``host``:``port`` (IPv6 for an address with a colon) and
+    listening, for uvicorn to serve on.
 
     Raises:
         ConfigError: it cannot be bound (naming the address and what to do).
@@ -439,6 +439,9 @@ def _bind(host: str, port: int, shown: str):
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # listening before the address is printed: a client that connects on reading it
+        # waits in the backlog until uvicorn accepts, rather than being refused
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         hint = {errno.EADDRINUSE: "another process is listening there: choose another "

@@ -500,7 +500,8 @@ def test_a_kernel_copy_of_the_context_on_a_full_disk_fails_the_run_naming_it(ful
     srv = scripted(lambda req: repl("FINAL('unreachable')"))
     r = cli("run", "--context", str(src), "--query", "q", "--run-id", "copy-1",
             *endpoint_args(srv), env={"TMPDIR": str(full_dir)})
-    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)) + r"/\S+in-place\.txt")
+    assert_clean_error(r, 2, "no space left", re.escape(str(full_dir)) + r"/\S+in-place\.txt",
+                       "free space in " + re.escape(str(full_dir)) + " or")
     with Journal(str(cli.journal)) as j:
         run = j.get_run("copy-1")
     assert run["status"] == "failed" and "internal error" not in run["error"], run
@@ -571,3 +572,31 @@ def test_bytes_in_a_detected_encoding_carry_the_note_a_file_would():
     utf8 = load_context("plain UTF-8 text".encode())
     assert "note" not in describe(utf8)
     utf8.discard()
+
+
+def test_a_private_copy_of_a_file_rewritten_while_copied_is_refused(tmp_path):
+    """The kernel's private copy (root host) is checked once made: the user's file rewritten
+    at the same size while it was copied would otherwise reach the kernel unnoticed."""
+    import shutil
+
+    p = tmp_path / "in-place.txt"
+    p.write_text("the text the journal hashes\n" * 100)
+
+    class CopyingKernel:
+        def __init__(self, rewrite: bool) -> None:
+            self.rewrite = rewrite
+
+        def share_file(self, path, fmt, move=False):
+            dest = str(tmp_path / "kernel-copy.txt")
+            shutil.copyfile(path, dest)
+            if self.rewrite:  # the same size, other bytes, a newer modification time
+                with open(path, "r+b") as f:
+                    f.write(b"THE")
+                st = os.stat(path)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+            return dest
+
+    ctx = load_context(p)
+    assert ctx.share(CopyingKernel(rewrite=False)) == str(tmp_path / "kernel-copy.txt")
+    with pytest.raises(ContextError, match="changed since it was loaded"):
+        ctx.share(CopyingKernel(rewrite=True))
