@@ -268,6 +268,15 @@ def test_serve_refuses_bad_flags_at_start(cli, flags, message):
     assert re.search(message, r.stderr) and "Traceback" not in r.stderr, r.stderr
 
 
+def _ask(base: str) -> str:
+    """One question to an `rlm serve` without a key at ``base``, through the openai client:
+    the answer's text."""
+    client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
+    res = client.chat.completions.create(model="rlm",
+                                         messages=[{"role": "user", "content": "q"}])
+    return res.choices[0].message.content
+
+
 def test_serve_takes_a_price_file_for_its_cost_cap(tmp_path):
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({MODEL: {"input": 1.0, "output": 2.0}}))
@@ -289,10 +298,7 @@ def test_serve_takes_a_price_file_for_its_cost_cap(tmp_path):
                     pass
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
                 time.sleep(0.1)
-            client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
-            res = client.chat.completions.create(
-                model="rlm", messages=[{"role": "user", "content": "q"}])
-            assert res.choices[0].message.content == "priced"
+            assert _ask(base) == "priced"
         finally:
             proc.terminate()
             proc.wait(timeout=20)
@@ -330,10 +336,7 @@ def test_serve_on_port_0_prints_the_port_it_took_and_stops_cleanly(tmp_path):
             # listening once the address is printed: the first connection is not refused
             with urllib.request.urlopen(base + "/models", timeout=60) as resp:
                 assert resp.status == 200
-            client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
-            res = client.chat.completions.create(
-                model="rlm", messages=[{"role": "user", "content": "q"}])
-            assert res.choices[0].message.content == "on a free port"
+            assert _ask(base) == "on a free port"
         finally:
             proc.terminate()
             code = proc.wait(timeout=20)
