@@ -5,7 +5,7 @@ Usage::
     python -m evals.bench_accountant [--threads 16] [--calls-per-thread 5000] [--json]
 
 ``T`` threads each run ``reserve`` then ``settle`` in a loop against one shared
-:class:`harness.budget.Accountant` with every cap set (calls, tokens, cost, wall), so every
+:class:`harness.budget.accountant.Accountant` with every cap set (calls, tokens, cost, wall), so every
 admission check runs. Reported, in microseconds:
 
 * ``per_admitted_call_us``: wall time of the whole run / admitted calls. This is the cost the
@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 
-from harness.budget import Accountant, Budget
+from harness.budget.accountant import Accountant, Budget
 from harness.errors import BudgetExceeded
-from harness.prices import PriceTable
+from harness.budget.prices import PriceTable
 
 MODEL = "gpt-4o-mini"
 PROMPT, MAX_OUT = 1200, 400

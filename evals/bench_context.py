@@ -67,7 +67,7 @@ def child_load(directory: str) -> dict:
     from kernels.bridge import BridgeServer
     from kernels.kernel import Kernel
     from kernels.protocol import bind_code
-    from rlm.context import load_context
+    from rlm.context.load import load_context
 
     bridge = BridgeServer(lambda reg, op, args: None)
     k = Kernel().start()

@@ -23,7 +23,7 @@ def bench_context_load(mb: int = 50, repeats: int = 3) -> float:
     from kernels.bridge import BridgeServer
     from kernels.protocol import bind_code
     from kernels.kernel import Kernel
-    from rlm.context import load_context
+    from rlm.context.load import load_context
 
     text = ("All work and no play makes Jack a dull boy. " * 24 + "\n")
     blob = text * (mb * 1024 * 1024 // len(text))

@@ -6,7 +6,7 @@ Run: ``python -m evals.bench_recursion``. Prints one line per measure with its t
   taken from the pre-started pool vs. started cold (target p50 < 50 ms from the pool;
   the reference implementation's child costs 1.29 s here).
 - bridge overhead: p50 of ``llm_query`` from inside a kernel minus p50 of a direct
-  :class:`rlm.clients.ModelClient` call to the same local endpoint (target < 0.5 ms;
+  :class:`rlm.models.openai_compat.ModelClient` call to the same local endpoint (target < 0.5 ms;
   reference about 1.5 ms). The in-kernel path includes the stage records and the
   budget accountant, so this is the whole harness overhead of a sub-call.
 - fan-out: 64 ``llm_query_batched`` items against an endpoint with 200 ms latency at
@@ -26,7 +26,7 @@ def bench_child_start(samples: int = 15) -> tuple[float, float]:
     from kernels.bridge import BridgeServer
     from kernels.protocol import bind_code
     from kernels.kernel import KernelPool
-    from rlm.context import load_context
+    from rlm.context.load import load_context
 
     bridge = BridgeServer(lambda reg, op, args: None)
     ctx = load_context("child context " * 100)
@@ -63,7 +63,7 @@ def bench_child_start(samples: int = 15) -> tuple[float, float]:
 
 def bench_bridge_overhead(n: int = 300) -> tuple[float, float]:
     import rlm
-    from rlm.clients import ModelClient
+    from rlm.models.openai_compat import ModelClient
     from scripted_server import ScriptedServer
 
     code = (

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from harness.journal import Journal, request_hash
-from harness.stages import Kind, StageTree, Status
+from harness.stages.tree import Kind, StageTree, Status
 
-from .chromium import Chromium
+from evals.chromium import Chromium
 
 
 class _Clock:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", metavar="DIR", help="keep the journal and the HTML in DIR")
     a = ap.parse_args(argv)
-    from rlm.view import payload_from_journal, write_view
+    from rlm.observe.view import payload_from_journal, write_view
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(a.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ async def ask(state: State) -> State:
                                 run_id=f"{state['thread']}-ask", answer_schema=ANSWER)
     if res.status != "completed":
         raise RuntimeError(f"RLM run {res.run_id} ended {res.status}: {res.reason}")
-    return {"answer": rlm.schema.load_answer(res.answer)}
+    return {"answer": rlm.core.schema.load_answer(res.answer)}
 
 
 def build():

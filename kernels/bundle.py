@@ -1,6 +1,6 @@
 """A many-file context as the kernel reads it: a *bundle*.
 
-The host (:mod:`rlm.sources`) writes a manifest, JSON ``{"version": 1, "entries": [...]}``,
+The host (:mod:`rlm.context.sources`) writes a manifest, JSON ``{"version": 1, "entries": [...]}``,
 each entry ``[key, file, offset, length, kind]``: the value of ``context[key]`` is the
 ``length`` bytes at ``offset`` of ``file`` (UTF-8), as text (``kind`` ``"text"``) or as JSON
 (``"json"``, written clean by the host: see :mod:`harness.text`). ``file`` is the user's own

@@ -454,7 +454,7 @@ def load_context(path: str, fmt: str, size: int | None = None):
         with open(path, "rb") as f:
             data = f.read()
         _check_size(path, len(data), size)
-        return json.loads(data)  # the host wrote it clean (see rlm.context)
+        return json.loads(data)  # the host wrote it clean (see rlm.context.load)
     return read_text(path, size)
 
 

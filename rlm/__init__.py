@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it
 _LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
          "acompletion": "rlm.aio", "AsyncRLM": "rlm.aio",
-         "Budget": "harness.budget", "BudgetExceeded": "harness.errors",
+         "Budget": "harness.budget.accountant", "BudgetExceeded": "harness.errors",
          **{name: "rlm.errors" for name in (
              "RLMError", "ConfigError", "ContextError", "EndpointError", "ModelReplyError",
              "KernelError", "ChildRLMError", "DivergenceError", "RunActiveError",
@@ -52,7 +52,7 @@ def completion(context: Any, query: str | None = None, **options: Any):
     from kernels.kernel import drop_head_start, head_start
     head_start(_kernels_ahead(options))
     try:
-        from .api import completion as run
+        from rlm.api import completion as run
         return run(context, query, **options)
     finally:
         drop_head_start()  # only one the run did not take

@@ -1,7 +1,7 @@
 import sys
 
 try:
-    from .cli import entry
+    from rlm.cli.main import entry
 except KeyboardInterrupt:  # Ctrl-C while the CLI itself is still being imported
     print("rlm: interrupted", file=sys.stderr)
     sys.exit(130)

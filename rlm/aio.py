@@ -23,8 +23,8 @@ import asyncio
 import threading
 from typing import Any, Callable
 
-from .api import RLM
-from .result import Result
+from rlm.api import RLM
+from rlm.result import Result
 
 __all__ = ["AsyncRLM", "CancelToken", "RunCancelled", "acompletion", "safe_listener"]
 
@@ -54,7 +54,7 @@ class CancelToken:
         return self._cancelled
 
     def attach(self, run: Any) -> None:
-        """Called by :func:`rlm.run_tree.drive` with its :class:`~rlm.run_tree.RunTree`."""
+        """Called by :func:`rlm.core.run_tree.drive` with its :class:`~rlm.core.run_tree.RunTree`."""
         with self._lock:
             self._runs.append(run)
             fire = self._cancelled
@@ -72,7 +72,7 @@ class CancelToken:
 
 def safe_listener(fn: Callable[[dict], None]) -> Callable[[dict], None]:
     """``fn`` as a stage-tree listener (option ``listeners``) that never raises: a listener
-    that raises would roll the stage change back (:mod:`harness.stages`)."""
+    that raises would roll the stage change back (:mod:`harness.stages.tree`)."""
     def listener(event: dict) -> None:
         try:
             fn(event)

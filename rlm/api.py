@@ -2,8 +2,8 @@
 and :func:`replay` (results are :class:`~rlm.result.Result`); :func:`plain_completion` is one
 plain model call journaled as a run (a baseline for benchmarks).
 
-Each call checks its options (:mod:`rlm.options`), loads the context, decides what a known run id
-means (:mod:`harness.replay`) and hands the run to :func:`rlm.drive.drive`.
+Each call checks its options (:mod:`rlm.config.options`), loads the context, decides what a known run id
+means (:mod:`harness.replay`) and hands the run to :func:`rlm.core.drive.drive`.
 
 >>> import rlm
 >>> res = rlm.completion(Path("essays.txt"), "What is the magic number?",
@@ -17,21 +17,21 @@ from typing import Any, Callable
 
 from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run, replay_target
 
-from .context import load_context
-from .errors import DivergenceError
-from .options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_endpoint,
+from rlm.context.load import load_context
+from rlm.errors import DivergenceError
+from rlm.config.options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_endpoint,
                       validate_options)
-from .records import find_run, open_journal, spec_options, stored_context, stored_source
-from .result import Result
-from .run_config import build_options, context_options, replay_options, resume_options
-from .drive import drive
-from .schema import normalize_options
+from rlm.config.records import find_run, open_journal, spec_options, stored_context, stored_source
+from rlm.result import Result
+from rlm.config.build import build_options, context_options, replay_options, resume_options
+from rlm.core.drive import drive
+from rlm.core.schema import normalize_options
 
 
 class RLM:
     """Holds options for repeated runs; keeps an embedded model server alive between them.
 
-    Keyword options (all optional) are the names in :data:`rlm.options.OPTIONS`, which declares
+    Keyword options (all optional) are the names in :data:`rlm.config.options.OPTIONS`, which declares
     each one's type, default, range and CLI flag (README "Options" lists them). The main ones:
         model, sub_model, child_model (str): model names. Without ``base_url``
             (and without ``OPENAI_BASE_URL``/``OPENAI_API_KEY``) the embedded model serves all.
@@ -42,7 +42,7 @@ class RLM:
         max_calls (int), max_wall_seconds (s), max_children_per_call (int),
         max_concurrency (int, 8), pool_size (kernels), journal (path, or False for
         none; default ``$RLM_JOURNAL`` or the user data dir), embedded_model (str, one of
-        :data:`rlm.options.EMBEDDED_MODELS`), price_file (JSON path), on_progress (callable
+        :data:`rlm.config.options.EMBEDDED_MODELS`), price_file (JSON path), on_progress (callable
         taking a str), divergence (``"stop"`` | ``"live"``); loading the context: encoding
         (default: UTF-8, else detected), include/exclude (gitignore-style patterns for a
         directory or glob), max_context_bytes (bytes, 2,000,000,000).
@@ -64,7 +64,7 @@ class RLM:
             return endpoint
         with self._lock:
             if self._server is None:
-                from .embedded import EmbeddedServer
+                from rlm.models.embedded import EmbeddedServer
                 name = o.get("embedded_model") or DEFAULT_EMBEDDED_MODEL
                 progress = o.get("on_progress")
                 if progress:
@@ -123,7 +123,7 @@ class RLM:
             DivergenceError, RunActiveError: as :meth:`completion`.
         """
         if not isinstance(prompt, str) or not prompt.strip():
-            from .errors import ConfigError
+            from rlm.errors import ConfigError
             raise ConfigError("a plain completion needs a non-empty str prompt")
         return self._run(prompt, None, overrides, plain=True)
 
@@ -132,7 +132,7 @@ class RLM:
             return self._run_now(context, query, overrides, plain=True)
         from kernels.kernel import drop_head_start, head_start
 
-        from . import _kernels_ahead
+        from rlm import _kernels_ahead
         # the root's kernel (and its pool's) start now, overlapping the set-up below
         head_start(_kernels_ahead({**self.options, **overrides}))
         try:

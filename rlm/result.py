@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.stages import StageTree
+from harness.stages.tree import StageTree
 
 #: Result fields kept in the journal's ``usage`` record beside the token/cost totals, so a
 #: recorded run returns the same :class:`Result` without running again.
@@ -34,7 +34,7 @@ class Result:
             pool's idle ones shut down unused.
         seconds: wall time of the run (s).
         replayed_calls: model calls served from the journal (not sent, not charged).
-        tree: the :class:`harness.stages.StageTree` (not in :meth:`to_dict`).
+        tree: the :class:`harness.stages.tree.StageTree` (not in :meth:`to_dict`).
         usage_estimated: some model call's reply carried no usage, so its tokens (and cost,
             from the price table) were counted locally with tiktoken: ``usage`` is partly an
             estimate (bool; taken from ``tree`` when not given).

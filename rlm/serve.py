@@ -45,9 +45,9 @@ import time
 import uuid
 from typing import Any
 
-from .aio import AsyncRLM, safe_listener
-from .errors import ConfigError, ContextError, EndpointError, RLMError
-from .options import OPTION_NAMES
+from rlm.aio import AsyncRLM, safe_listener
+from rlm.errors import ConfigError, ContextError, EndpointError, RLMError
+from rlm.config.options import OPTION_NAMES
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
 
@@ -463,14 +463,14 @@ def _check_prices_at_start(o: dict) -> None:
     """With a cost cap among the server's defaults, every model it may call must have a price:
     refused at start, not on every request. Raises ConfigError (an unreadable price file, an
     unpriced model)."""
-    from .options import external_endpoint
+    from rlm.config.options import external_endpoint
     if o.get("max_cost_usd") is None:
         return
     endpoint = external_endpoint(o)
     if endpoint is None:  # the embedded model: local, free
         return
-    from harness.budget import Accountant, Budget
-    from harness.prices import PriceTable
+    from harness.budget.accountant import Accountant, Budget
+    from harness.budget.prices import PriceTable
     try:
         prices = PriceTable.from_file(o["price_file"]) if o.get("price_file") else PriceTable()
         Accountant(Budget(max_cost_usd=o["max_cost_usd"]), prices).check_prices(
@@ -484,7 +484,7 @@ def add_arguments(p: Any) -> None:
     """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "anything but loopback needs --api-key)")
-    from .cli import whole_number
+    from rlm.cli.main import whole_number
     p.add_argument("--port", type=whole_number(0, 65535, "a TCP port"), default=8000,
                    help="TCP port, 0-65535 (default 8000; 0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
@@ -522,7 +522,7 @@ def main(args: Any) -> int:
         o["api_key"] = args.upstream_api_key
     if o.get("price_file"):  # the runs read it from wherever they run
         o["price_file"] = os.path.abspath(os.path.expanduser(o["price_file"]))
-    from .options import validate_options
+    from rlm.config.options import validate_options
     validate_options(o)
     _check_prices_at_start(o)
     run(o, host=args.host, port=args.port, api_key=args.api_key,

@@ -14,8 +14,8 @@ import pytest
 from conftest import API_KEY, MODEL, endpoint_args, last_user, repl, root_requests, script
 
 import rlm
-from harness.stages import Kind
-from rlm.schema import AnswerCheck, load_answer, to_json_schema
+from harness.stages.tree import Kind
+from rlm.core.schema import AnswerCheck, load_answer, to_json_schema
 
 PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False,
           "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}}}

@@ -1,4 +1,4 @@
-"""Tests of harness.budget and harness.prices: caps under concurrency, settle/release, prices."""
+"""Tests of harness.budget.accountant and harness.budget.prices: caps under concurrency, settle/release, prices."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from harness.budget import Accountant, Budget, Reservation, ReservationError
+from harness.budget.accountant import Accountant, Budget, Reservation, ReservationError
 from harness.errors import BudgetExceeded, HarnessError
-from harness.prices import Price, PriceTable, PriceTableError, UnknownPrice
+from harness.budget.prices import Price, PriceTable, PriceTableError, UnknownPrice
 
 
 @pytest.fixture(autouse=True)

@@ -340,7 +340,7 @@ def test_a_signal_landing_in_an_import_is_delivered_again_after_it():
     # start thread importing too, an early Ctrl-C hung `rlm run`. The handler defers it.
     import threading
 
-    from rlm import cli as rcli
+    from rlm.cli import main as rcli
     code = compile("import sys\nframe = sys._getframe()", "<frozen importlib._bootstrap>", "exec")
     ns: dict = {}
     exec(code, ns)

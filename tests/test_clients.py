@@ -12,7 +12,7 @@ import pytest
 import rlm
 from conftest import API_KEY, MODEL, Reply, closed_port, last_user, repl, script
 from harness.journal import Journal
-from rlm.clients import ModelClient
+from rlm.models.openai_compat import ModelClient
 
 MSGS = [{"role": "user", "content": "hello"}]
 
@@ -319,7 +319,7 @@ def _host_that_never_answers():
 def test_a_host_that_never_answers_fails_each_attempt_at_the_connect_timeout(caplog):
     # a plain number of seconds replaced openai's 5 s connect timeout: each attempt waited for
     # the operating system's own (about 2 minutes) before failing, and 6 attempts, 13 minutes
-    from rlm.clients import CONNECT_TIMEOUT
+    from rlm.models.openai_compat import CONNECT_TIMEOUT
     assert CONNECT_TIMEOUT <= 10
     with _host_that_never_answers() as url:
         c = ModelClient(url, API_KEY, max_attempts=2, backoff_max=0.1)

@@ -17,8 +17,8 @@ import pytest
 import rlm
 from conftest import API_KEY, MODEL, assert_clean_error, endpoint_args, repl, script
 from harness.journal import Journal
-from rlm import formats
-from rlm.context import describe, load_context
+from rlm.context import formats
+from rlm.context.load import describe, load_context
 from rlm.errors import ContextError
 
 # --------------------------------------------------------------------------- CLI: refused input
@@ -280,7 +280,7 @@ UNUSUAL_TEXTS = [
 ]
 
 
-#: big enough to be written and hashed behind, on a thread (rlm.context._write_text)
+#: big enough to be written and hashed behind, on a thread (rlm.context.load._write_text)
 BIG_TEXTS = [
     # ASCII: encoded piece by piece on that thread (two whole pieces and a part)
     ("a" * (9 << 20) + "tail\n", "a" * (9 << 20) + "tail\n"),
@@ -336,7 +336,7 @@ def test_text_context_without_surrogates_is_not_copied():
 def test_an_ascii_text_is_written_from_its_own_bytes():
     """A big ASCII str is hashed and written from the bytes the string object holds (no
     encoded copy); where those cannot be had, None, and the text is encoded instead."""
-    from rlm.context import _ascii_buffer
+    from rlm.context.load import _ascii_buffer
 
     text = "".join(chr(32 + i % 95) for i in range(100_000)) + "\n"
     view = _ascii_buffer(text)

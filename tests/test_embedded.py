@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import rlm
-import rlm.embedded.weights as weights
-from rlm.embedded import (
+import rlm.models.embedded.weights as weights
+from rlm.models.embedded import (
     MODELS,
     EmbeddedServer,
     ModelSpec,
@@ -309,7 +309,7 @@ def test_server_exits_when_its_host_dies_without_stopping(tmp_path):
 
     log = tmp_path / "logs" / "server.log"
     code = (
-        "import os, rlm.embedded as e\n"
+        "import os, rlm.models.embedded as e\n"
         f"s = e.EmbeddedServer('smollm2-135m', cache_dir={str(tmp_path)!r}, n_ctx=256, log={str(log)!r})\n"
         "s.start()\n"
         "print(s.pid, s.port, flush=True)\n"

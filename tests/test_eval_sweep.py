@@ -1,4 +1,4 @@
-"""``rlm eval``'s sweep (rlm/evaluation/sweep.py, ray_runner.py, rlm/cli_eval.py) against the
+"""``rlm eval``'s sweep (rlm/evaluation/sweep.py, ray_runner.py, rlm/cli/eval.py) against the
 scripted OpenAI-protocol server on 127.0.0.1, with real kernels and real SQLite journals.
 
 The trials use the tiny tasks of this module (``--sample-factory test_eval_sweep:make_sample``,

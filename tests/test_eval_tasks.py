@@ -12,7 +12,7 @@ from rlm.errors import ConfigError
 from rlm.evaluation import data
 from rlm.evaluation.tasks import (TASK_NAMES, Sample, make_sample, parse_length, parse_tasks,
                                   score_answer)
-from rlm.tokens import count_tokens
+from rlm.models.tokens import count_tokens
 
 NIAH = [t for t in TASK_NAMES if t.startswith("niah")]
 

@@ -20,10 +20,10 @@ import pytest
 
 import rlm
 from conftest import clean_env, is_root, last_user, repl, script
-from harness.budget import Accountant, Budget
+from harness.budget.accountant import Accountant, Budget
 from harness.control import CancelScope, Scheduler, wait_all
 from harness.errors import BudgetExceeded
-from harness.prices import Price, PriceTable
+from harness.budget.prices import Price, PriceTable
 from scripted_server import Reply, ScriptedServer
 
 

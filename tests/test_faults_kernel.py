@@ -353,7 +353,7 @@ def test_kind9_lone_surrogates_at_every_boundary(cli, scripted, tmp_path):
 def test_kind9_context_values_with_surrogates(api):
     # a Python value holding lone surrogates (str, list items, dict keys) is a usable context:
     # loaded, hashed and written for the kernel under the policy; one real run with the dict
-    from rlm.context import load_context
+    from rlm.context.load import load_context
     cases = [("text \ud800 end", "text \ufffd end"),
              (["a\udfff", "b", "\ud83d\ude00"], ["a\ufffd", "b", "\U0001f600"]),
              ({"k\ud83d": "v\ude00", "n": [1, "x\udcff"]}, {"k\ufffd": "v\ufffd", "n": [1, "x\ufffd"]})]

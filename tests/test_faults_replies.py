@@ -13,12 +13,12 @@ import logging
 import pytest
 
 from conftest import API_KEY, MODEL, Reply, endpoint_args, is_root, last_user, repl, script
-from harness.capabilities import REASONING, capabilities
+from rlm.models.capabilities import REASONING, capabilities
 from harness.journal import Journal
-from rlm.clients import ModelClient
+from rlm.models.openai_compat import ModelClient
 from rlm.errors import EndpointError
-from rlm.parsing import parse_reply
-from rlm.tokens import count_messages, count_tokens
+from rlm.prompting.parsing import parse_reply
+from rlm.models.tokens import count_messages, count_tokens
 from scripted_server import reasoning_endpoint
 
 MSGS = [{"role": "user", "content": "hello there"}]
@@ -402,12 +402,12 @@ def test_kind3_json_and_stderr_say_estimated(scripted, cli, tmp_path):
 def test_a_bug_mid_run_still_journals_the_run_as_failed(api, tmp_path, monkeypatch):
     # an unexpected exception (a bug of the harness, simulated here) used to leave the run
     # 'running' in the journal, shown as crashed; it ends 'failed' with the error named
-    import rlm.loop
+    import rlm.core.loop
     from harness.journal import Journal
 
     def broken(self, *a, **kw):
         raise RuntimeError("simulated bug")
-    monkeypatch.setattr(rlm.loop.RLMLoop, "_turn", broken)
+    monkeypatch.setattr(rlm.core.loop.RLMLoop, "_turn", broken)
     path = tmp_path / "j.sqlite3"
     with pytest.raises(RuntimeError, match="simulated bug") as err:
         api(script([repl("FINAL('x')")]), journal=str(path), run_id="bug-run")

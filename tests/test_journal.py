@@ -1076,7 +1076,7 @@ def test_a_reservation_commits_every_record_queued_before_it(jpath, monkeypatch)
 
 
 def test_queued_records_reach_the_file_on_their_own_and_readers_see_them(jpath):
-    from harness.verify import verify_run
+    from harness.journal.verify import verify_run
     with Journal(jpath) as j:
         j.create_run("wb", query="q", model="m")
         _queue_one_call(j, "wb", 0)
@@ -1281,7 +1281,7 @@ def _finished_run(scripted, path, run_id="ro-run"):
 def test_a_journal_this_process_may_not_write_is_read_read_only(scripted, tmp_path,
                                                                  monkeypatch):
     # every reading command failed on such a journal: "unable to open database file"
-    from rlm import records
+    from rlm.config import records
     from rlm.api import replay
     path = tmp_path / "j.sqlite3"
     _finished_run(scripted, path)

@@ -98,18 +98,18 @@ def later():
 class C:
     def m(self):
         try:
-            from .. import rlm
+            from  import rlm
         except ImportError:
             pass
         import importlib
-        importlib.import_module("rlm.cli")
+        importlib.import_module("rlm.cli.main")
         __import__("kernels")
-from . import sibling
-from .sub import thing
+from tests import sibling
+from tests.sub import thing
 '''
     names = {name for _, name in imported_modules(source, ["harness", "journal"])}
     assert {"os", "rlm.api", "rlm", "rlm.completion", "kernels.kernel", "rlm.runner",
-            "harness.rlm", "rlm.cli", "kernels", "harness.journal.sibling",
+            "harness.rlm", "rlm.cli.main", "kernels", "harness.journal.sibling",
             "harness.journal.sub", "harness.journal.sub.thing"} <= names
     # Climbing above the top-level package leaves a top-level name, which is then checked.
     top = {name for _, name in imported_modules("from ... import rlm\n", ["harness", "x"])}

@@ -145,7 +145,7 @@ def test_terminal_shows_the_live_panel(tmp_path):
 
 
 def test_a_cell_line_says_why_the_cell_stopped():
-    from rlm.live import plain_line
+    from rlm.observe.live import plain_line
     base = {"kind": "cell", "id": "0.c1", "level": 1, "status": "cancelled",
             "started_at": 1.0, "ended_at": 2.5}
     interrupted = plain_line(dict(base, evidence={"timed_out": False, "interrupted": True}))
@@ -163,7 +163,7 @@ def test_the_live_runs_table_shows_queries_as_text(tmp_path):
 
     from rich.console import Console
 
-    from rlm.live import _runs_table
+    from rlm.observe.live import _runs_table
     with Journal(tmp_path / "j.sqlite3") as j:
         j.create_run("markup-1", query="[bold red]x[/] \x1b[2J y", model="m[/]")
         out = io.StringIO()

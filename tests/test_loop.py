@@ -535,7 +535,7 @@ def _system_and_task(srv) -> tuple[str, str]:
 
 
 def test_the_general_profile_is_the_default_with_an_endpoint(api):
-    from rlm import prompts
+    from rlm.prompting import prompts
     res, srv = api(script([repl("FINAL('ok')")]), "some text", "what is it?")
     system, task = _system_and_task(srv)
     assert res.status == "completed"
@@ -553,7 +553,7 @@ def test_the_small_profile_is_the_worked_lookup_example(api):
 
 
 def test_the_embedded_model_defaults_to_the_small_profile():
-    from rlm.options import OPTIONS
+    from rlm.config.options import OPTIONS
     opt = {o.name: o for o in OPTIONS}["prompt"]
     assert (opt.default_for(False), opt.default_for(True)) == ("general", "small")
 

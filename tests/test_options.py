@@ -1,7 +1,7 @@
-"""The option registry (rlm/options.py): one declaration per option, everything else derived.
+"""The option registry (rlm/config/options.py): one declaration per option, everything else derived.
 
 Checks that the README's option tables, argparse, validation, the run's Options and the journal
-record all agree with :data:`rlm.options.OPTIONS`. No kernels, no model: pure bookkeeping.
+record all agree with :data:`rlm.config.options.OPTIONS`. No kernels, no model: pure bookkeeping.
 
 ``python tests/test_options.py`` prints the README's option tables from the registry (the rows
 of ``--context``, ``--query``, ``--json`` and ``-v``/``-q`` are the README's own).
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from harness.budget import Budget
-from rlm import options as reg
-from rlm.cli import build_parser, options_from_args
+from harness.budget.accountant import Budget
+from rlm.config import options as reg
+from rlm.cli.main import build_parser, options_from_args
 from rlm.errors import ConfigError
-from rlm.options import OPTIONS, Endpoint, Option, Options, validate_options
-from rlm.run_config import build_options, replay_options, resume_options, stored_options
+from rlm.config.options import OPTIONS, Endpoint, Option, Options, validate_options
+from rlm.config.build import build_options, replay_options, resume_options, stored_options
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: README rows of flags that are not keyword options (the CLI defines them itself).
@@ -138,7 +138,7 @@ def test_registry_defaults_are_the_dataclass_defaults():
 
 
 def test_embedded_model_names_are_the_embedded_registry():
-    from rlm import embedded
+    from rlm.models import embedded
     assert set(embedded.MODELS) == set(reg.EMBEDDED_MODELS)
     assert embedded.DEFAULT_MODEL == reg.DEFAULT_EMBEDDED_MODEL
 

@@ -191,7 +191,7 @@ def test_live_spans_during_a_run(receiver, tmp_path):
     live = _check_tree(receiver.spans, stages, "otel-live")
     assert _attrs(live["run/iteration-0/model_call-0"])["gen_ai.usage.input_tokens"] > 0
 
-    from rlm.otel import emit_stages
+    from rlm.observe.otel import emit_stages
     later = {sp.attributes["rlm.stage.id"]: sp for sp in emit_stages("otel-live", stages)}
     for sid, sp in live.items():
         assert sp.span_id == later[sid].context.span_id.to_bytes(8, "big")

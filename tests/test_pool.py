@@ -268,7 +268,7 @@ def test_kernels_started_ahead_follow_depth_and_pool_size(options, ahead):
 
 
 def test_rlm_run_reads_depth_and_pool_size_before_parsing():
-    from rlm.cli import _depth_flags
+    from rlm.cli.main import _depth_flags
     assert _depth_flags(["run", "--max-depth", "2", "--pool-size=1", "--query", "q"]) == \
         {"max_depth": 2, "pool_size": 1}
     assert _depth_flags(["run", "--max-depth", "x", "--pool-size"]) == {}

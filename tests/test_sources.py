@@ -16,8 +16,8 @@ import pytest
 
 import rlm
 from conftest import API_KEY, MODEL, Reply, assert_clean_error, endpoint_args, repl, script
-from rlm.context import describe, load_context
-from rlm.sources import describe_files
+from rlm.context.load import describe, load_context
+from rlm.context.sources import describe_files
 
 FRENCH = ("Le café est très bon. Où est la bibliothèque? Les élèves étudient à l'école près "
           "de la forêt, et ça leur plaît beaucoup.\n")
@@ -202,7 +202,7 @@ def test_size_cap_names_the_biggest_files(cli, scripted, tmp_path):
                                       (999_997, "1.0 MB"), (1_000_000, "1.0 MB"),
                                       (999_960_000, "1.0 GB")])
 def test_sizes_never_read_1000_of_a_unit(n, shown):
-    from rlm.sources import _human
+    from rlm.context.sources import _human
     assert _human(n) == shown
 
 
@@ -250,7 +250,7 @@ def test_a_failed_directory_run_resumes_with_its_sources_and_filters(scripted, r
     with pytest.raises(rlm.EndpointError):
         rlm.completion(repo, "q", run_id="dir-resume", include=["src/"], exclude="__init__.py",
                        max_attempts=1, **o)
-    rec = rlm.records.open_journal(str(journal)).get_run("dir-resume")
+    rec = rlm.config.records.open_journal(str(journal)).get_run("dir-resume")
     spec = rec["options"]["context_spec"]
     assert rec["options"]["context_source"] is None and spec["sources"] == [str(repo)]
     assert (spec["include"], spec["exclude"]) == (["src/"], ["__init__.py"])

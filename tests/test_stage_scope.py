@@ -6,7 +6,7 @@ import concurrent.futures
 import pytest
 
 from harness.errors import BudgetExceeded, IllegalTransition
-from harness.stages import Kind, StageTree, Status, cancel_open
+from harness.stages.tree import Kind, StageTree, Status, cancel_open
 
 
 def _tree():

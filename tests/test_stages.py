@@ -1,4 +1,4 @@
-"""Tests of harness.stages: the transition table, compare-and-set, ids, rollups, listeners."""
+"""Tests of harness.stages.tree: the transition table, compare-and-set, ids, rollups, listeners."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from harness.errors import IllegalTransition
-from harness.stages import (TERMINAL, TRANSITIONS, Kind, Stage, StageTree, Status, Usage)
+from harness.stages.tree import (TERMINAL, TRANSITIONS, Kind, Stage, StageTree, Status, Usage)
 
 
 @pytest.fixture(autouse=True)
@@ -462,8 +462,8 @@ def test_render_shows_totals_and_nodes():
 
 
 def test_harness_imports_nothing_from_rlm_or_kernels():
-    code = ("import sys, harness, harness.errors, harness.stages, harness.prices, "
-            "harness.budget; bad = sorted(m for m in sys.modules "
+    code = ("import sys, harness, harness.errors, harness.stages.tree, harness.budget.prices, "
+            "harness.budget.accountant; bad = sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('rlm', 'kernels')); print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -17,7 +17,7 @@ from test_resume import HOST, responder
 
 from scripted_server import ScriptedServer
 from harness.journal import Journal
-from harness.verify import verify_journal, violation_rate
+from harness.journal.verify import verify_journal, violation_rate
 
 STALE = 10.0  # the journal's default stale_after: another host must wait this long
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import API_KEY, MODEL, repl, script
 
 from harness.journal import Journal
-from harness.verify import verify_journal, verify_run, violation_rate
+from harness.journal.verify import verify_journal, verify_run, violation_rate
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -22,7 +22,7 @@ import trajectory_run as tr
 
 from evals.chromium import Chromium, find_chromium
 from harness.journal import Journal
-from rlm.view import build_payload, render_html
+from rlm.observe.view import build_payload, render_html
 
 needs_chromium = pytest.mark.skipif(
     find_chromium() is None,
@@ -188,7 +188,7 @@ def test_partial_run_of_a_crashed_process_renders(tmp_path, browser):
 import os
 from harness.journal import Journal
 from harness.journal.encoding import request_hash
-from harness.stages import StageTree, Kind, Status
+from harness.stages.tree import StageTree, Kind, Status
 j = Journal({str(journal)!r})
 j.create_run("crashed1", query="q?", model="m", max_depth=1, options={{}})
 t = StageTree("crashed1", [j.record_event])

@@ -28,7 +28,7 @@ def _verify(spec: str) -> tuple[int, str]:
     import contextlib
     import io
 
-    from rlm.cli import main
+    from rlm.cli.main import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = main(["verify", "--all", "--journal", spec])

@@ -2,7 +2,7 @@
 
 One SQLite file (WAL mode, ``synchronous=NORMAL``), or one PostgreSQL database shared by many
 hosts (``Journal("postgresql://...")``, ``pg_store.py``), holds everything resume, replay and
-``harness.verify`` need; both stores share the schema and the record statements. Every event
+``harness.journal.verify`` need; both stores share the schema and the record statements. Every event
 carries its place in its run's hash chain (``prev_hash``, ``hash``), anchored to the run's inputs:
 
 - ``runs``: one row per run with its owner (pid, host) and heartbeat, so a crashed run (status

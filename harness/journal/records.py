@@ -4,7 +4,7 @@
   ``seq`` strictly increasing across the journal) with its place in the run's hash chain
   (``prev_hash``, ``hash``: ``harness.journal.encoding``; no lock: see ``StageRecords``) and, in the same transaction, the
   stage's latest dict is upserted into ``stages``. ``record_event`` is usable directly as a
-  ``harness.stages.StageTree`` listener.
+  ``harness.stages.tree.StageTree`` listener.
 - Model calls (``ModelCallRecords``): one row per ``(run_id, call_id)`` with the request, its
   ``request_hash``, the response, usage and every attempt. A resumed run serves a call from here
   only when the hashes match; recording is idempotent and refuses a silent change.
@@ -35,7 +35,7 @@ STAGE_SELECT = "SELECT stage FROM stages WHERE run_id = ? ORDER BY first_seq"
 #: The events of a run, in recording order; rows for ``event_record``.
 EVENT_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage FROM events "
                 "WHERE run_id = ? ORDER BY seq")
-#: The chain columns of a run's events, in recording order (for ``harness.verify``).
+#: The chain columns of a run's events, in recording order (for ``harness.journal.verify``).
 CHAIN_SELECT = ("SELECT seq, stage_id, from_status, to_status, ts, stage, prev_hash, hash "
                 "FROM events WHERE run_id = ? ORDER BY seq")
 _CALL_COLUMNS = ("call_id, request_hash, request, response, usage, attempts, created_at, "

@@ -8,7 +8,7 @@ settlement nor a release, and counts it at its reservation (an upper bound of wh
 
 - ``record_spend``: append one row (``reserved``, ``settled`` or ``released``).
 - ``spend``: the run's reservations folded into one record each, ready for
-  ``harness.budget.Accountant.carry_over``. Model calls recorded without a ledger row (a journal
+  ``harness.budget.accountant.Accountant.carry_over``. Model calls recorded without a ledger row (a journal
   written before version 2) count at their recorded usage.
 
 This module imports only the standard library and ``harness.journal``'s own modules.

@@ -26,8 +26,8 @@ import random
 from itertools import combinations
 from typing import Callable
 
-from . import data
-from .sizing import Built
+from rlm.evaluation import data
+from rlm.evaluation.sizing import Built
 
 __all__ = ["build_aggregation", "build_pairs", "LIST_TEMPLATE", "TOKENS_PER_ITEM"]
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
 
-from ..errors import ConfigError
+from rlm.errors import ConfigError
 
 __all__ = ["INSTALL_HINT", "package_dir", "ruler_templates", "essay_words", "vocabulary",
            "split_sentences", "normalize_question", "squad_articles", "squad_docs_and_qas",

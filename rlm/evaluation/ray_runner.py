@@ -34,8 +34,8 @@ import atexit
 import os
 from typing import Any, Iterator
 
-from ..errors import ConfigError, RLMError
-from .sweep import TrialSpec, run_trial, trial_record
+from rlm.errors import ConfigError, RLMError
+from rlm.evaluation.sweep import TrialSpec, run_trial, trial_record
 
 #: Ray retries of a trial whose worker process died (the retry resumes from the journal).
 MAX_RETRIES = 2
@@ -47,7 +47,7 @@ def _worker_runner(spec: TrialSpec) -> Any:
     """This worker process's :class:`rlm.RLM` for the spec's endpoint (closed at exit)."""
     key = (spec.base_url, spec.model, spec.api_key_env, spec.price_file)
     if key not in _RUNNERS:
-        from ..api import RLM
+        from rlm.api import RLM
         if not _RUNNERS:
             atexit.register(_close_runners)
         _RUNNERS[key] = RLM(**spec.endpoint_options())
@@ -142,7 +142,7 @@ def _result(ray: Any, ref: Any, spec: TrialSpec) -> dict:
             raise cause from None
         raise RLMError(f"trial {spec.key()} failed on Ray: {cause or exc}") from None
     except ray.exceptions.RayError as exc:  # the worker died past its retries
-        from .sweep import load_sample_factory
+        from rlm.evaluation.sweep import load_sample_factory
         sample = load_sample_factory(spec.sample_factory)(spec.task, spec.length, spec.seed,
                                                           spec.trial)
         return trial_record(spec, sample, None, truncated=False, wall_s=0.0, replayed=False,

@@ -13,8 +13,8 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from ..errors import ConfigError
-from .stats import describe, pass_hat_k, wilson_interval
+from rlm.errors import ConfigError
+from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def _write_json(path: Path, rows: list[dict]) -> None:
 
 def _write_plots(out_dir: Path, rows: list[dict]) -> dict[str, Path]:
     try:
-        from . import plots
+        from rlm.evaluation import plots
     except ImportError as exc:
         raise ConfigError(f"the report's plots need matplotlib ({exc}); "
                           "pip install 'rlm-kernels[eval]'") from None

@@ -28,8 +28,8 @@ import string
 import uuid
 from typing import Callable
 
-from . import data
-from .sizing import Built
+from rlm.evaluation import data
+from rlm.evaluation.sizing import Built
 
 __all__ = ["NIAH", "NEEDLE", "REPEAT", "DEPTHS", "build_niah", "build_vt", "build_cwe",
            "build_fwe", "build_qa", "units_guess"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ..tokens import count_tokens
+from rlm.models.tokens import count_tokens
 
 __all__ = ["Built", "fit", "context_text"]
 

@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator
 
 from harness.errors import HarnessError, RunMismatchError
 
-from ..errors import ConfigError, RLMError
-from ..options import DEFAULT_EMBEDDED_MODEL
+from rlm.errors import ConfigError, RLMError
+from rlm.config.options import DEFAULT_EMBEDDED_MODEL
 
 #: The methods a sweep compares.
 METHODS = ("base", "rlm")
@@ -126,12 +126,12 @@ class TrialSpec:
 
 def embedded_window(name: str) -> int:
     """The embedded model ``name``'s window per request (tokens): its ``ctx_per_slot``, the
-    ``n_ctx`` :class:`rlm.embedded.EmbeddedServer` gives each request by default.
+    ``n_ctx`` :class:`rlm.models.embedded.EmbeddedServer` gives each request by default.
 
     Raises:
         ConfigError: an unknown embedded model.
     """
-    from ..embedded.weights import MODELS
+    from rlm.models.embedded.weights import MODELS
     if name not in MODELS:
         raise ConfigError(f"unknown embedded model {name!r}; choose one of: "
                           f"{', '.join(sorted(MODELS))}")
@@ -149,7 +149,7 @@ def load_sample_factory(name: str | None) -> MakeSample:
         ConfigError: not ``module:function``, or it cannot be imported.
     """
     if name is None:
-        from .tasks import make_sample
+        from rlm.evaluation.tasks import make_sample
         return make_sample
     mod, _, fn = name.partition(":")
     if not mod or not fn:
@@ -163,7 +163,7 @@ def load_sample_factory(name: str | None) -> MakeSample:
 def _profile_options(profile: str | None) -> dict:
     """The run option choosing the prompt profile (``prompt``), once the registry has it;
     before that the built-in system prompt (the ``small`` profile) is used."""
-    from ..options import OPTION_NAMES
+    from rlm.config.options import OPTION_NAMES
     if profile is not None and "prompt" in OPTION_NAMES:
         return {"prompt": profile}
     return {}
@@ -195,7 +195,7 @@ def run_trial(spec: TrialSpec, *, runner: Any = None, make_sample: MakeSample | 
         spec.task, spec.length, spec.seed, spec.trial)
     own = runner is None
     if own:
-        from ..api import RLM
+        from rlm.api import RLM
         runner = RLM(**spec.endpoint_options())
     t0 = time.monotonic()
     try:
@@ -237,7 +237,7 @@ def _attempt(spec: TrialSpec, sample: Any, runner: Any, cancel: Any) -> tuple:
 
 def _recorded_wall(spec: TrialSpec) -> float:
     """Seconds the journal says the trial's run took (finished minus created), or 0.0."""
-    from ..records import open_journal
+    from rlm.config.records import open_journal
     rec = open_journal(spec.journal).get_run(spec.run_id()) or {}
     if rec.get("finished_at") and rec.get("created_at"):
         return max(0.0, float(rec["finished_at"]) - float(rec["created_at"]))
@@ -249,7 +249,7 @@ def _journaled_usage(spec: TrialSpec) -> dict:
     (``prompt_tokens``, ``completion_tokens``, ``total_tokens``: tokens; ``cost_usd``: USD):
     what the run's path cost whichever attempt sent each call. Calls sent by an attempt that
     was killed before recording them are not in it."""
-    from ..records import open_journal
+    from rlm.config.records import open_journal
     out = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
     for call in open_journal(spec.journal).model_calls(spec.run_id()):
         u = call.get("usage") or {}
@@ -468,7 +468,7 @@ class Sweep:
         t0 = time.monotonic()
         self._check_grid()
         _cut_torn_tail(self.trials_path)
-        from .report import read_trials, write_report
+        from rlm.evaluation.report import read_trials, write_report
         done = ({r.get("key") for r in read_trials(self.trials_path)}
                 if self.trials_path.is_file() else set())
         todo = [s for s in self.specs if s.key() not in done]
@@ -539,11 +539,11 @@ class Sweep:
         if not todo:
             return iter(())
         if self.ray_address:
-            from .ray_runner import run_on_ray
+            from rlm.evaluation.ray_runner import run_on_ray
             return run_on_ray(todo, self.ray_address)
         # create the journal (file and schema) once, before threads open it at the same time:
         # a new SQLite file's first opens race on setting it up
-        from ..records import open_journal
+        from rlm.config.records import open_journal
         open_journal(self.grid.journal).close()
         return _run_local(todo, self.concurrency, self.make_sample)
 
@@ -553,8 +553,8 @@ def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample)
     record as its trial finishes. On an exception in the caller (Ctrl-C) or a ConfigError of a
     trial, queued trials are dropped and running ones cancelled (journaled ``cancelled``,
     resumable), and their threads are waited for."""
-    from ..aio import CancelToken
-    from ..api import RLM
+    from rlm.aio import CancelToken
+    from rlm.api import RLM
     runner = RLM(**todo[0].endpoint_options())
     tokens: dict[Future, CancelToken] = {}
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="rlm-eval")
@@ -580,7 +580,7 @@ def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample)
 
 def _submit(pool: ThreadPoolExecutor, queue: Iterator[TrialSpec], runner: Any,
             make_sample: MakeSample, tokens: dict, pending: set) -> bool:
-    from ..aio import CancelToken
+    from rlm.aio import CancelToken
     spec = next(queue, None)
     if spec is None:
         return False

@@ -25,10 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import ConfigError
-from ..tokens import count_tokens, encoding
-from . import corpus, ruler
-from .sizing import Built, context_text, fit
+from rlm.errors import ConfigError
+from rlm.models.tokens import count_tokens, encoding
+from rlm.evaluation import corpus, ruler
+from rlm.evaluation.sizing import Built, context_text, fit
 
 __all__ = ["TASK_NAMES", "METRICS", "ANSWER_TOKENS", "MIN_LENGTH", "MAX_LENGTH", "Sample", "make_sample", "parse_length",
            "parse_tasks", "score_answer"]

@@ -1,0 +1,1 @@
+"""The budget: caps, the accountant, the price table."""

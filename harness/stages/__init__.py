@@ -1,0 +1,1 @@
+"""Stages: the tree behind one lock, the status model, the ``with`` block, the text rendering."""

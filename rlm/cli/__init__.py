@@ -1,0 +1,1 @@
+"""The ``rlm`` command and its subcommands."""

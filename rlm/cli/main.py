@@ -1,0 +1,606 @@
+"""The ``rlm`` command line.
+
+Answers go to stdout, progress and errors to stderr. Errors are one clear
+message and an exit code, never a traceback (unless ``RLM_DEBUG=1``). The flags of the run
+options come from :data:`rlm.config.options.OPTIONS` (:func:`add_arguments`, :func:`options_from_args`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+# the command names of rlm.config.options (RUN, RESUME, REPLAY); the option registry itself is
+# imported where it is used, so `rlm run` can start its kernel before that import
+RUN, RESUME, REPLAY = "run", "resume", "replay"
+
+EXIT_CODES = """exit codes:
+  0    the run completed with an answer
+  1    unexpected internal error (a bug: please report it; RLM_DEBUG=1 shows the traceback)
+  2    bad input or options (missing, empty, binary or undecodable context; bad flag)
+  3    the model endpoint failed: unreachable, or still failing after retries
+  4    a kernel failed beyond recovery (could not start, or kept dying)
+  5    a budget cap ended the run (status budget_exceeded; the cap is named on stderr)
+  6    replay/resume found a divergence from the journal
+  7    the run ended without an answer (iterations exhausted, no FINAL)
+  8    rlm verify found a violation (the first bad event is named on stderr)
+  130  interrupted (Ctrl-C)
+"""
+
+ENVIRONMENT = """environment:
+  OPENAI_BASE_URL   endpoint base URL when --base-url is not given
+  OPENAI_API_KEY    API key when --api-key is not given (never passed to kernels)
+  RLM_MODEL         model name when --model is not given (with an endpoint)
+  RLM_JOURNAL       journal: a SQLite file or a postgresql:// URL
+                    (default: ~/.local/share/rlm/journal.sqlite3)
+  RLM_HOST          host name recorded as a run's owner (default: the machine's host name)
+  RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
+  RLM_DEBUG=1       print tracebacks for unexpected errors
+  RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add the flags of every option ``command`` (``"run"``, ``"resume"``...) takes to ``parser``.
+
+    Options of a group go to an argument group titled from :data:`~rlm.config.options.GROUP_TITLES`, the others
+    next to the command's own flags, in registry order. Every flag defaults to None ("not
+    given"); the run applies the defaults, so a parsed namespace says what the user typed.
+    """
+    from rlm.config.options import GROUP_TITLES, OPTIONS
+    groups: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.flag is None or command not in opt.commands:
+            continue
+        target: Any = parser
+        if opt.group is not None:
+            if opt.group not in groups:
+                groups[opt.group] = parser.add_argument_group(GROUP_TITLES[opt.group])
+            target = groups[opt.group]
+        kw: dict[str, Any] = {"dest": opt.name, "default": None, "help": opt.help}
+        if opt.repeat:
+            kw["action"] = "append"
+        if opt.type in (int, float):
+            kw["type"] = opt.type
+        if opt.choices is not None:
+            kw["choices"] = list(opt.choices)
+        else:
+            kw["metavar"] = opt.metavar
+        target.add_argument(opt.flag, **kw)
+        for sw in opt.switches:
+            if command in sw.commands:
+                target.add_argument(sw.flag, action="store_true", help=sw.help)
+
+
+def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The keyword options the user gave on the command line of ``command``.
+
+    Returns:
+        {keyword name: value} for every registry flag that was given (a :class:`~rlm.config.options.Switch` wins
+        over its option's own flag; empty values of ``empty_is_unset`` options are dropped).
+    """
+    from rlm.config.options import OPTIONS
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if opt.flag is None or command not in opt.commands:
+            continue
+        v = getattr(args, opt.name, None)
+        if opt.empty_is_unset and v == "":
+            v = None
+        for sw in opt.switches:
+            if command in sw.commands and getattr(args, sw.dest, False):
+                v = sw.value
+        if v is not None:
+            out[opt.name] = v
+    return out
+
+
+def whole_number(low: int, high: int | None = None, what: str = "a whole number"):
+    """An argparse ``type``: the argument as an int in ``[low, high]`` (no upper bound when
+    ``high`` is None), else an ``ArgumentTypeError`` naming the range and the value given."""
+    span = f"from {low} to {high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_int = whole_number(1, 1_000_000)
+
+
+def _context_arg(paths: list[str]):
+    """``--context`` values -> what :func:`rlm.completion` takes: one Path, ``"-"``, or Paths."""
+    from rlm.errors import ConfigError
+    if any(not p for p in paths):  # Path("") would be the current directory
+        raise ConfigError("--context '' is an empty path: give a file, a directory or '-' "
+                          "for stdin")
+    if len(paths) == 1:
+        return "-" if paths[0] == "-" else Path(paths[0])
+    if "-" in paths:
+        raise ConfigError("--context - (stdin) cannot be combined with other --context paths")
+    return [Path(p) for p in paths]
+
+
+def _add_recorded_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--context", metavar="PATH",
+                   help="the context (file or directory), if it was given on stdin or has moved")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the answer")
+    v = p.add_mutually_exclusive_group()
+    v.add_argument("-v", "--verbose", action="store_true",
+                   help="log every model-call attempt and kernel event to stderr")
+    v.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rlm`` argument parser: every subcommand, with the option flags from the registry
+    (:data:`rlm.config.options.OPTIONS`) and the view flags from :mod:`rlm.cli.views`."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="rlm", formatter_class=fmt,
+        description="Recursive language models on real Jupyter kernels: the context lives in a "
+                    "kernel as `context`, the model writes code to read it and calls sub-models.",
+        epilog=EXIT_CODES + "\n" + ENVIRONMENT)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="answer a question about a long context", formatter_class=fmt,
+                       epilog=EXIT_CODES + "\n" + ENVIRONMENT,
+                       description="Load CONTEXT into a Jupyter kernel and let the model answer QUERY "
+                                   "by writing code. The answer goes to stdout.")
+    r.add_argument("--context", required=True, action="append", metavar="PATH",
+                   help="a file, a directory, or a quoted glob ('logs/*.log.gz'); repeat for "
+                   "several. One file: .json is parsed, .jsonl/.csv/.tsv/.pdf/.html/.gz/.bz2/.xz "
+                   "are read by format, anything else is text; '-' reads stdin. A directory, "
+                   "glob or several paths: a dict of relative path -> text (.gitignore honoured; "
+                   "hidden dirs and virtualenvs skipped; files that are not text are listed, "
+                   "not loaded)")
+    r.add_argument("--query", metavar="TEXT", help="the question (optional: else the task is in the context)")
+    add_arguments(r, RUN)  # every option flag: see rlm/config/options.py
+    _add_output(r)
+
+    rs = sub.add_parser("resume", help="resume a crashed, failed or interrupted run from the journal",
+                        formatter_class=fmt, epilog=EXIT_CODES)
+    _add_recorded_run(rs)
+    add_arguments(rs, RESUME)
+    _add_output(rs)
+
+    rp = sub.add_parser("replay", help="re-execute a finished run with zero model calls",
+                        formatter_class=fmt, epilog=EXIT_CODES)
+    _add_recorded_run(rp)
+    add_arguments(rp, REPLAY)
+    _add_output(rp)
+
+    sh = sub.add_parser("show", help="show a run's stage tree with tokens, cost and time")
+    sh.add_argument("run_id", metavar="RUN_ID")
+    sh.add_argument("--max-level", type=int, default=None,
+                    help="show only stages at this depth level or shallower")
+    add_arguments(sh, "show")
+
+    ls = sub.add_parser("runs", help="list runs in the journal (newest first)")
+    ls.add_argument("--limit", type=_positive_int, default=20, metavar="N",
+                    help="how many of the latest runs to list (default 20)")
+    ls.add_argument("--json", action="store_true")
+    add_arguments(ls, "runs")
+
+    ex = sub.add_parser("export", help="write a run as JSON Lines (one record per stage and event)")
+    ex.add_argument("run_id", metavar="RUN_ID")
+    ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
+    add_arguments(ex, "export")
+    from rlm.cli.views import extend_parser  # rlm view, live view, OpenTelemetry flags
+    extend_parser(sub, {"run": r, "resume": rs, "replay": rp, "runs": ls, "show": sh,
+                        "export": ex})
+
+    sv = sub.add_parser("serve", help="serve RLM runs as an OpenAI-compatible chat-completions "
+                        "endpoint (needs the serve extra)", formatter_class=fmt)
+    from rlm.serve import add_arguments as add_serve_arguments
+    add_serve_arguments(sv)
+
+    vf = sub.add_parser("verify", help="check runs against their journal: hash chain, legal "
+                        "transitions, evidence, usage, caps, replayed calls")
+    which = vf.add_mutually_exclusive_group(required=True)
+    which.add_argument("run_id", metavar="RUN_ID", nargs="?")
+    which.add_argument("--all", action="store_true", help="verify every run in the journal")
+    vf.add_argument("--json", action="store_true")
+    add_arguments(vf, "verify")
+
+    from rlm.cli.eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
+    add_eval_parser(sub)
+    return parser
+
+
+class _Progress:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[rlm] {msg}", file=sys.stderr, flush=True)
+
+
+def _setup_logging(args) -> None:
+    level = logging.INFO if getattr(args, "verbose", False) else logging.WARNING
+    logging.basicConfig(level=level, format="[rlm] %(message)s", stream=sys.stderr)
+    logging.getLogger("rlm").setLevel(level)
+    for noisy in ("httpx", "openai", "httpcore", "traitlets", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _all_attempts(usage: dict) -> str:
+    """The summary's note on a resumed run's spend over every attempt ('' for a first one)."""
+    a = usage.get("all_attempts")
+    if not isinstance(a, dict):
+        return ""
+    return (f" in this attempt; over all attempts {a.get('calls', 0)} call(s), "
+            f"{a.get('total_tokens', 0)} tokens, ${a.get('cost_usd', 0):.4f}"
+            + (f" ({a['open_at_resume']} call(s) in flight at the crash counted at their "
+               "reservation)" if a.get("open_at_resume") else ""))
+
+
+def _emit(res, args, summary: bool = True) -> int:
+    if args.json:
+        print(json.dumps(res.to_dict(), ensure_ascii=False))
+    elif res.answer is not None and res.status == "completed":
+        print(res.answer)
+    if res.status == "completed":
+        if summary and not args.json and not args.quiet:
+            u = res.usage
+            print(f"[rlm] run {res.run_id}: completed in {res.seconds:.1f} s, {res.iterations} "
+                  f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
+                  f"tokens, ${u.get('cost_usd', 0):.4f}"
+                  + (" (estimated: the endpoint reported no usage)" if getattr(res, "usage_estimated", False)
+                     else "") + _all_attempts(u), file=sys.stderr)
+        return 0
+    if res.status == "budget_exceeded":
+        print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
+        if res.answer and not args.json:
+            print(f"rlm: partial answer (last model reply): {res.answer[:500]}", file=sys.stderr)
+        return 5
+    if res.status == "cancelled":
+        return 130
+    print(f"rlm: run {res.run_id} ended without an answer: {res.reason}", file=sys.stderr)
+    return 7
+
+
+def _cmd_run(args) -> int:
+    from rlm.api import RLM
+    from rlm.cli.views import run_hooks
+    o = options_from_args(args, RUN)
+    context = _context_arg(args.context)
+    with run_hooks(args, o), RLM(**o) as r:
+        res = r.completion(context, args.query)
+    return _emit(res, args)
+
+
+def _cmd_resume(args) -> int:
+    from rlm.api import resume
+    from rlm.cli.views import run_hooks
+    o = options_from_args(args, RESUME)
+    with run_hooks(args, o):
+        res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
+    return _emit(res, args)
+
+
+def _cmd_replay(args) -> int:
+    from rlm.api import replay
+    res = replay(args.run_id, context=Path(args.context) if args.context else None,
+                 on_progress=_Progress(args.quiet), **options_from_args(args, REPLAY))
+    from rlm.cli.views import write_replay_view
+    write_replay_view(args, res)
+    if not args.quiet and not args.json:
+        print(f"[rlm] replay of {args.run_id}: same outcome ({res.status}), "
+              f"{res.replayed_calls} model call(s) served from the journal, 0 sent",
+              file=sys.stderr)
+    return _emit(res, args, summary=False)
+
+
+def _journal(args):
+    from rlm.config.records import open_journal
+    return open_journal(args.journal or None, must_exist=True)
+
+
+def _cmd_show(args) -> int:
+    from harness.stages.tree import StageTree
+    from rlm.errors import ConfigError
+    j = _journal(args)
+    rec = j.get_run(args.run_id)
+    if rec is None:
+        raise ConfigError(f"no run {args.run_id!r} in journal {j.path}; list runs with `rlm runs`")
+    from harness.text import printable
+    tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
+    # what the model or the user wrote is shown with its control characters escaped: an
+    # escape sequence in an answer must not drive the terminal of whoever reads the journal
+    print(f"run {printable(args.run_id)}  state={rec['state']}  query={rec.get('query')!r}")
+    if rec.get("answer") is not None:
+        print(f"answer: {printable(rec['answer'])}")
+    print(printable(tree.render(max_level=args.max_level)))
+    return 0
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` terminal columns: wide characters (CJK, most
+    emoji: Unicode East Asian Width W or F) take two, combining marks none."""
+    import unicodedata
+    cols = sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(0, width - cols)
+
+
+def _cmd_runs(args) -> int:
+    import time
+    j = _journal(args)
+    runs = j.list_runs(limit=args.limit)
+    if args.json:
+        print(json.dumps(runs, ensure_ascii=False, default=str))
+        return 0
+    if not runs:
+        print(f"no runs in {j.path}")
+        return 0
+    from harness.text import printable
+    print(f"{'RUN ID':<18} {'STARTED':<19} {'STATE':<15} {'HOST':<16} {'DEPTH':>5} "
+          f"{'COST $':>9}  MODEL / QUERY")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("created_at") or 0))
+        usage = r.get("usage") or {}
+        # a resumed run: what every attempt spent (the usage itself is the last attempt's)
+        cost = (usage.get("all_attempts") or usage).get("cost_usd") or 0.0
+        q = printable((r.get("query") or "").replace("\n", " "))
+        host = printable(str(r.get("owner_host") or "-"))[:16]
+        print(f"{_pad(printable(r['run_id']), 18)} {started:<19} {r['state']:<15} "
+              f"{_pad(host, 16)} {r.get('max_depth', ''):>5} "
+              f"{cost:>9.4f}  {printable(str(r.get('model')))} / {q[:60]}")
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from harness.journal.verify import verify_journal, violation_rate
+    j = _journal(args)
+    verdicts = verify_journal(j, None if args.all else [args.run_id])
+    rate = violation_rate(verdicts)
+    if args.json:
+        print(json.dumps({"runs": len(verdicts), "violation_rate": rate,
+                          "verdicts": [{"run_id": v.run_id, "ok": v.ok, "events": v.events,
+                                        "violations": [str(x) for x in v.violations]}
+                                       for v in verdicts]}, ensure_ascii=False))
+    else:
+        for v in verdicts:
+            print(v.summary())
+            for x in v.violations[1:] if not v.ok else ():
+                print(f"    also {x}")
+        if args.all:
+            bad = sum(not v.ok for v in verdicts)
+            print(f"violation rate: {rate:.4f} ({bad} of {len(verdicts)} runs violated) "
+                  f"in {j.path}")
+    for v in verdicts:
+        if not v.ok:
+            print(f"rlm: verify: run {v.run_id} violated its journal at {v.first}",
+                  file=sys.stderr)
+            return 8
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from rlm.errors import ConfigError
+    j = _journal(args)
+    if j.get_run(args.run_id) is None:
+        raise ConfigError(f"no run {args.run_id!r} in journal {j.path}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            n = j.export_jsonl(args.run_id, f)
+        print(f"[rlm] wrote {n} records to {args.output}", file=sys.stderr)
+    else:
+        j.export_jsonl(args.run_id, sys.stdout)
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    from rlm.serve import main as serve_main
+    return serve_main(args)
+
+
+def _cmd_eval(args) -> int:
+    from rlm.cli.eval import cmd_eval
+    return cmd_eval(args)
+
+
+def _log_unraisable(info) -> None:
+    logging.getLogger("rlm").debug("ignored during teardown: %s: %s (in %r)",
+                                   info.exc_type.__name__, info.exc_value, info.object)
+
+
+def _terminate(signum, frame):
+    """SIGINT, SIGTERM and SIGHUP: raise KeyboardInterrupt in the main thread, so the command
+    cleans up as on Ctrl-C (kernels shut down, the run journaled as cancelled).
+
+    Not while the main thread is inside Python's import system: there the exception can land
+    in the clean-up of a module lock, where Python reports and drops it, and the lock other
+    threads wait on may stay taken (the kernel's start thread imports while the main thread
+    does, so a Ctrl-C in the first second could hang the command with the interrupt lost).
+    The signal is then sent again 20 ms later, until it arrives outside an import."""
+    f = frame
+    while f is not None:
+        if f.f_code.co_filename.startswith("<frozen importlib"):
+            if signum not in _RESEND:  # one resend at a time
+                import threading
+                _RESEND.add(signum)
+                t = threading.Timer(0.02, _resend, (signum,))
+                t.daemon = True
+                t.start()
+            return
+        f = f.f_back
+    raise KeyboardInterrupt
+
+
+_RESEND: set = set()
+
+
+def _resend(signum: int) -> None:
+    _RESEND.discard(signum)
+    os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a workflow engine stopping the step) and SIGHUP (the terminal closed) clean
+        # up like Ctrl-C: kernels are shut down and the run is journaled as cancelled, so the
+        # same run id resumes it later; a SIGHUP ignored on purpose (nohup) stays ignored
+        for sig in _STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            signal.signal(sig, _terminate)
+
+
+#: The signals that end a command as Ctrl-C does (see :func:`_install_signal_handlers`).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _depth_flags(argv: list[str]) -> dict:
+    """``max_depth`` and ``pool_size`` as given on an ``rlm run`` command line (ints; absent or
+    not a number: left out), read before the full parse so the kernels start first."""
+    out: dict = {}
+    for i, arg in enumerate(argv):
+        for flag, key in (("--max-depth", "max_depth"), ("--pool-size", "pool_size")):
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1:]
+            else:
+                continue
+            try:
+                out[key] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``rlm`` command; returns the process exit code (int).
+
+    ``argv``: the arguments after the program name (default ``sys.argv[1:]``). For ``rlm run``,
+    ``replay`` and ``resume`` the root's kernel (and for ``run`` its pool's) starts before
+    anything heavy is imported (:func:`kernels.kernel.head_start`), so its cold start overlaps
+    the CLI's own start-up; a kernel the run did not take is shut down before this returns.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _install_signal_handlers()
+        if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
+            from kernels.kernel import drop_head_start, head_start
+
+            from rlm import _kernels_ahead
+            try:
+                head_start(_kernels_ahead(_depth_flags(argv)))
+                return _main(argv)
+            finally:
+                drop_head_start()
+        return _main(argv)
+    except KeyboardInterrupt:  # before the command's own handler (start-up, imports)
+        return _interrupted()
+
+
+def _interrupted(exc: BaseException | None = None, command: str | None = None) -> int:
+    """Say that the command was interrupted and how to go on; returns exit code 130.
+    ``exc``: the ``KeyboardInterrupt``, carrying the run's ``result`` and ``journaled`` when
+    it came through a run (:func:`rlm.core.drive.drive`)."""
+    res = getattr(exc, "result", None)
+    run_id = getattr(res, "run_id", None)
+    if command == "replay":
+        hint = "The run replayed is unchanged in the journal."
+    elif run_id and getattr(exc, "journaled", False):
+        hint = f"Resume it with `rlm resume {run_id}`."
+    elif run_id:
+        hint = f"Run {run_id} was not journaled, so it cannot be resumed."
+    else:
+        hint = "If the run had started, resume it with `rlm resume RUN_ID` (see `rlm runs`)."
+    print(f"rlm: interrupted; every kernel of the run was shut down. {hint}", file=sys.stderr)
+    return 130
+
+
+def entry() -> None:
+    """The ``rlm`` console script: :func:`main`, then exit with its code.
+
+    Once the command is done (every kernel shut down, the journal written) and only daemon
+    threads are left, the process ends at once after running the exit handlers and flushing
+    its streams: tearing down the interpreter's ~1,000 imported modules would add about half
+    a second to every command and change nothing on disk.
+    """
+    import atexit
+    import threading
+    code = main()
+    for sig in _STOP_SIGNALS:  # done: a late signal must not end the exit
+        signal.signal(sig, signal.SIG_IGN)
+    if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+           for t in threading.enumerate()):
+        sys.exit(code)  # a non-daemon thread still works: the normal way, which joins it
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    _setup_logging(args)
+    # errors Python can only report while tearing objects down (an event loop's finalizer at
+    # exit, say) are not the run's: they go to the log, never as a traceback on the terminal
+    sys.unraisablehook = _log_unraisable
+    # text UTF-8 cannot encode (lone surrogates) is written as U+FFFD: see harness/text.py
+    from harness.text import protect_streams
+    protect_streams()
+    from harness.errors import HarnessError
+
+    from rlm.errors import RLMError
+    handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
+                "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
+                "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval}
+    from rlm.cli.views import handler_for
+    try:
+        return (handler_for(args) or handlers[args.command])(args)
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into `head`): not an error of the run
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc, args.command)
+    except (RLMError, HarnessError) as exc:
+        print(f"rlm: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    except OSError as exc:
+        where = getattr(exc, "filename", None)
+        print(f"rlm: error: {exc.strerror or exc}" + (f" ({where})" if where else "") +
+              "; check the path, free disk space and permissions", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: say so plainly
+        if os.environ.get("RLM_DEBUG"):
+            raise
+        print(f"rlm: internal error: {type(exc).__name__}: {exc} (set RLM_DEBUG=1 for the "
+              "traceback and please report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    entry()

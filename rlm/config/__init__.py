@@ -1,0 +1,1 @@
+"""The option registry and what is built from it: run configuration, journal records, argument types."""

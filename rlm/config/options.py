@@ -1,0 +1,598 @@
+"""Run options: the one registry of every option (:data:`OPTIONS`) and the :class:`Options` a run
+tree is driven with.
+
+Every keyword option of :func:`rlm.completion`, :class:`rlm.RLM` and :func:`rlm.api.resume` is
+declared once, as an :class:`Option` in :data:`OPTIONS`: its keyword name, CLI flag, type,
+default (and the embedded model's default), allowed range or choices, help text, README text,
+which ``rlm`` commands take it, whether the journal keeps it for resume/replay, and which
+:class:`harness.budget.accountant.Budget` field it feeds. Everything else is derived from that tuple:
+
+=========================================  =================================================
+:data:`OPTION_NAMES`, :func:`check_names`  the accepted keyword names
+:func:`validate_options`                   range/choice/URL checks naming the ``rlm run`` flag
+:func:`endpoint_configured`                "is an endpoint configured?" (options, else env)
+:func:`external_endpoint`                  that endpoint resolved (URL, key, model), or None
+:func:`rlm.cli.main.add_arguments`              the argparse flags of one ``rlm`` command
+:func:`rlm.cli.main.options_from_args`          parsed flags -> keyword options
+:mod:`rlm.config.build`                      keyword options -> :class:`Options`; the journal
+                                           record of a run's options and its way back
+``tests/test_options.py``                  the README tables (and checks them)
+=========================================  =================================================
+
+Adding an option: one :class:`Option` entry here, one README row (``python tests/test_options.py``
+prints it), and if the loop reads it one :class:`Options` attribute of the same name.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+from harness.budget.accountant import Budget
+from harness.budget.prices import PriceTable
+
+from rlm.errors import ConfigError
+
+
+@dataclass
+class Options:
+    """Everything a run needs to know besides its context and query.
+
+    Attributes (units in brackets):
+        model: the root model's name; ``child_model`` for child roots and
+            ``sub_model`` for ``llm_query``/fallbacks default to it.
+        base_url, api_key: the endpoint; None means the embedded model.
+        cell_timeout: [s] per executed block; the kernel is interrupted after it.
+        max_output_chars: [characters] of cell output fed back per turn.
+        max_completion_tokens: [tokens] output cap of root/child turns.
+        sub_max_tokens: [tokens] output cap of ``llm_query`` and fallbacks.
+        budget: every cap, and the one place each lives: cost, tokens, calls, wall seconds,
+            concurrency, children per call, iterations per loop (``budget.max_iterations``)
+            and depth (``budget.max_depth``, see README "Depth").
+        pool_size: idle pre-started kernels (None: 0 at depth <= 1, else 2).
+        max_kernel_restarts: restarts of one instance's kernel before it fails.
+        journal: a :class:`harness.journal.Journal` or None (no journal).
+        divergence: ``"stop"`` (default) or ``"live"``: what resume does when a
+            recorded call's request differs from the new one.
+        listeners: extra :class:`harness.stages.tree.StageTree` listeners (after the journal's),
+            e.g. the live view or the OpenTelemetry exporter; they must not raise.
+
+    The keyword options that fill these attributes, with their units, ranges and CLI flags, are
+    declared in :data:`OPTIONS` (:func:`rlm.config.build.build_options`); the defaults here are the registry's
+    (``tests/test_options.py`` checks), so an ``Options()`` built by hand runs like the API.
+    """
+
+    model: str = "scripted"
+    sub_model: str | None = None
+    child_model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    cell_timeout: float = 60.0
+    max_output_chars: int = 4000
+    max_completion_tokens: int = 1024
+    sub_max_tokens: int = 512
+    sub_prompt_chars: int = 6000
+    temperature: float | None = 0.0
+    budget: Budget = field(default_factory=Budget)
+    prices: PriceTable | None = None
+    price_file: str | None = None
+    pool_size: int | None = None
+    max_kernel_restarts: int = 3
+    max_attempts: int = 6
+    journal: Any = None
+    divergence: str = "stop"
+    embedded: bool = False
+    system_template: str | None = None
+    prompt: str = "general"
+    on_progress: Callable[[str], None] | None = None
+    listeners: list | None = None
+    # embedding (rlm.core.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
+    answer_schema: dict | None = None
+    verify: Callable[[Any], Any] | None = None
+    cancel: Any = None
+
+
+#: The embedded model used when no endpoint is configured and none is named (the one spelling of
+#: this name: ``rlm.models.embedded`` and the CLI take it from here).
+DEFAULT_EMBEDDED_MODEL = "qwen2.5-coder-0.5b"
+#: The embedded model ``--large`` selects.
+LARGE_EMBEDDED_MODEL = "qwen2.5-coder-1.5b"
+#: Every embedded model the CLI offers (the keys of ``rlm.models.embedded.MODELS``; a test checks).
+EMBEDDED_MODELS = (DEFAULT_EMBEDDED_MODEL, LARGE_EMBEDDED_MODEL, "smollm2-135m")
+
+#: The deepest tree a run may ask for: each level holds kernels (about 60 MB each) while
+#: its children run, so a runaway recursion is refused before it exhausts memory.
+MAX_DEPTH_LIMIT = 8
+
+#: ``Option.group`` values and the titles of their argparse groups. ``None`` (no group): the
+#: flag sits with the command's own flags.
+ENDPOINT = "endpoint"
+LIMITS = "limits"
+GROUP_TITLES = {ENDPOINT: "model endpoint (default: the embedded local model)",
+                LIMITS: "loop, depth and budget"}
+
+#: ``rlm`` commands whose flags come (partly) from the registry (``Option.commands``).
+RUN, RESUME, REPLAY = "run", "resume", "replay"
+JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, "show", "runs", "export", "verify")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag without a value that sets its option to a fixed value (``--large``, ``--no-journal``).
+
+    Attributes:
+        flag: the CLI flag (str, e.g. ``"--large"``).
+        value: what the option becomes when the flag is given; it wins over the option's own flag.
+        help: argparse help text (str).
+        commands: the ``rlm`` commands that take it (tuple of str).
+    """
+
+    flag: str
+    value: Any
+    help: str
+    commands: tuple[str, ...] = (RUN,)
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute name (str): the flag without dashes, ``-`` as ``_``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword option, declared once; see :data:`OPTIONS`.
+
+    Attributes:
+        name: the Python keyword (str); also the :class:`Options` attribute it is copied to when
+            :class:`Options` has one of that name (see :attr:`to_options`).
+        flag: the CLI flag (str, e.g. ``"--max-cost"``) or None for a Python-only option.
+        type: the value's type (``int``, ``float``, ``str``, or ``object`` for anything else);
+            ``int``/``float`` flags are parsed as such, ``int`` values must be whole numbers.
+        default: the value a run uses when the option is not given (None: none/unset).
+        embedded_default: the default when the embedded model serves the run, if it differs.
+        min, max: the allowed range (inclusive; both or neither). Only options with a range are
+            checked as numbers.
+        min_exclusive: True if the value must be strictly greater than ``min``.
+        choices: the allowed values (tuple) or None.
+        metavar: the value's placeholder in docs and ``--help`` (``--help`` lists ``choices``
+            instead when there are some).
+        help: the argparse help text (str).
+        doc: the one-line meaning in the README table (markdown; str).
+        doc_default: the default as the README states it, when the value alone does not say it.
+        group: :data:`ENDPOINT`, :data:`LIMITS` or None: the argparse group of the flag. Endpoint
+            options are not carried over when a run recorded on the embedded model is resumed.
+        commands: the ``rlm`` commands whose parser takes the flag (tuple of str).
+        stored: True if the journal keeps it so ``rlm resume``/``rlm replay`` rebuild the same
+            run: in the record's top level when :class:`Options` has the attribute, else in the
+            record's ``budget`` (under ``budget_field``).
+        budget_field: the :class:`harness.budget.accountant.Budget` field it feeds (str) or None.
+        switches: value-less flags that set this option (tuple of :class:`Switch`).
+        empty_is_unset: True if the CLI treats an empty value (``--journal ""``) as not given.
+        repeat: True if the flag may be given several times (its values form a list).
+        check: an extra test of a given value: returns None if fine, else the end of the error
+            message (``"must not be empty"``), prefixed with the flag.
+    """
+
+    name: str
+    flag: str | None
+    type: type = str
+    default: Any = None
+    embedded_default: Any = None
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    choices: tuple | None = None
+    metavar: str | None = None
+    help: str = ""
+    doc: str = ""
+    doc_default: str | None = None
+    group: str | None = None
+    commands: tuple[str, ...] = ()
+    stored: bool = False
+    budget_field: str | None = None
+    switches: tuple[Switch, ...] = ()
+    empty_is_unset: bool = False
+    repeat: bool = False
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def has_attribute(self) -> bool:
+        """True if :class:`Options` has an attribute of this name (the journal record keeps a
+        ``stored`` option under its name then, else under its ``budget_field``)."""
+        return self.name in _FIELDS
+
+    @property
+    def to_options(self) -> bool:
+        """True if :func:`rlm.config.build.build_options` copies the value (or default) into the
+        :class:`Options` attribute of the same name; it resolves the endpoint and journal ones."""
+        return self.name in _FIELDS and self.name not in _RESOLVED
+
+    @property
+    def label(self) -> str:
+        """How error messages name the option (str): its ``rlm run`` flag, else its keyword."""
+        return self.flag if self.flag and RUN in self.commands else self.name
+
+    def default_for(self, embedded: bool) -> Any:
+        """The default (Any) for a run served by the embedded model (``embedded``) or not."""
+        if embedded and self.embedded_default is not None:
+            return self.embedded_default
+        return self.default
+
+
+def _http_url(v: Any) -> str | None:
+    """None for an http(s) URL the client can send to (a host, a valid port and address), else
+    what is wrong with it (RFC 3986 syntax through ``urllib.parse``; dotted numbers must be an
+    IPv4 address)."""
+    import ipaddress
+    import re
+    from urllib.parse import urlsplit
+    bad = f"must be an http:// or https:// URL such as http://127.0.0.1:8000/v1, got {v!r}"
+    if not isinstance(v, str) or not v.startswith(("http://", "https://")) \
+            or any(c.isspace() or ord(c) < 32 for c in v):
+        return bad
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        host = parts.hostname
+    except ValueError as exc:
+        return f"{bad} ({exc})"
+    if not host:
+        return f"{bad} (no host)"
+    if parts.port == 0:
+        return f"{bad} (port 0)"
+    if ":" not in host and "" in host.rstrip(".").split("."):
+        return f"{bad} ({host!r} has an empty label)"
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{bad} ({host} is not an IPv4 address)"
+    return None
+
+
+def _not_blank(v: Any) -> str | None:
+    return None if str(v).strip() else "must not be empty"
+
+
+def _run_id(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string, got {type(v).__name__} {v!r}"
+    if not v.strip():
+        return "must not be empty"
+    if len(v) > 200 or any(ord(c) < 32 or ord(c) == 127 for c in v):
+        return "must be at most 200 printable characters"
+    return None
+
+
+def _price_file(v: Any) -> str | None:
+    if not isinstance(v, (str, os.PathLike)):
+        return f"must be a path, got {type(v).__name__} {v!r}"
+    if not str(v).strip():
+        return "is empty: give the path of a JSON price file"
+    return None
+
+
+def _prompt(v: Any) -> str | None:
+    from rlm.prompting.prompts import PROFILES
+    if v in PROFILES or Path(str(v)).expanduser().is_file():
+        return None
+    return (f"must be {' or '.join(PROFILES)}, or a template file's path; "
+            f"{str(v)!r} is neither (no such file)")
+
+
+def _patterns(v: Any) -> str | None:
+    if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
+        return None
+    return f"must be a glob pattern or a list of them, got {v!r}"
+
+
+_RUN_RESUME = (RUN, RESUME)
+
+#: Every keyword option, each declared once. The order is the order of ``--help`` within each
+#: group and of the README tables. Embedded defaults keep what the small local model is fed small
+#: (its window is 16k tokens per request) and its sub-call answers short (a rambling one costs ~25 s
+#: at 512 tokens); it repeats itself when stuck, hence fewer iterations.
+OPTIONS: tuple[Option, ...] = (
+    # -- the context (--context itself is the CLI's: rlm/cli/main.py) -------------------------------
+    Option("encoding", "--encoding", metavar="NAME", commands=(RUN, RESUME, REPLAY),
+           empty_is_unset=True, doc_default="detected",
+           help="text encoding of the context files (default: UTF-8, else detected with "
+                "charset-normalizer and noted for the model; resume and replay default to the "
+                "one the run was recorded with)",
+           doc="text encoding of the context files; by default UTF-8, else detected "
+               "(`charset-normalizer`) and noted for the model; a given one is strict"),
+    Option("include", "--include", object, metavar="PATTERN", commands=(RUN,), repeat=True,
+           check=_patterns,
+           help="with a directory/glob: load only paths matching this gitignore-style pattern "
+                "('*.py', 'docs/'); repeatable",
+           doc="load only paths matching a gitignore-style pattern (`'*.py'`, `'docs/'`); "
+               "repeatable (a list in Python)", doc_default="all files"),
+    Option("exclude", "--exclude", object, metavar="PATTERN", commands=(RUN,), repeat=True,
+           check=_patterns,
+           help="with a directory/glob: leave out paths matching this pattern; repeatable",
+           doc="leave out paths matching the pattern; repeatable"),
+    Option("max_context_bytes", "--max-context-bytes", int, min=1, max=2**40, metavar="N",
+           commands=(RUN,), doc_default="2,000,000,000",
+           help="cap on the context's text, per file and in total (default 2000000000); over "
+                "it, the error names the biggest files",
+           doc="cap on the context's text (UTF-8 bytes, after decompression), per file and in "
+               "total; over it, the error names the biggest files"),
+    # -- the model endpoint ------------------------------------------------------------------
+    Option("model", "--model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME, stored=True,
+           help="root model name (env RLM_MODEL)",
+           doc="root model (env `RLM_MODEL`)", doc_default="embedded model"),
+    Option("base_url", "--base-url", metavar="URL", group=ENDPOINT, commands=_RUN_RESUME,
+           stored=True, check=_http_url,
+           help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (env OPENAI_BASE_URL)",
+           doc="OpenAI-compatible endpoint (env `OPENAI_BASE_URL`)", doc_default="embedded server"),
+    Option("api_key", "--api-key", metavar="KEY", group=ENDPOINT, commands=_RUN_RESUME,
+           help="API key (env OPENAI_API_KEY)",
+           doc="API key (env `OPENAI_API_KEY`); never journaled, never seen by kernels"),
+    Option("sub_model", "--sub-model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
+           stored=True, help="model for llm_query and depth-limit fallbacks (default: --model)",
+           doc="model for `llm_query` and depth-limit fallbacks", doc_default="`--model`"),
+    Option("child_model", "--child-model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
+           stored=True, help="model driving child RLMs (default: --model)",
+           doc="model driving child RLMs", doc_default="`--model`"),
+    Option("embedded_model", "--embedded-model", default=DEFAULT_EMBEDDED_MODEL,
+           choices=EMBEDDED_MODELS, metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
+           switches=(Switch("--large", LARGE_EMBEDDED_MODEL,
+                            "use the embedded 1.5B model (same as --embedded-model "
+                            f"{LARGE_EMBEDDED_MODEL})", _RUN_RESUME),),
+           help=f"embedded model when no endpoint is set (default {DEFAULT_EMBEDDED_MODEL})",
+           doc=f"local model without an endpoint: `{LARGE_EMBEDDED_MODEL}` (`--large`) or "
+               f"`{EMBEDDED_MODELS[2]}`"),
+    Option("max_attempts", "--max-attempts", int, 6, min=1, max=100, metavar="N", group=ENDPOINT,
+           commands=_RUN_RESUME,
+           help="HTTP attempts per model call, first included, for 429/5xx/timeouts/connection "
+                "errors (default 6; exponential backoff with jitter)",
+           doc="HTTP attempts per model call (429, 5xx, timeouts, connection errors)"),
+    # -- loop, depth and budget --------------------------------------------------------------
+    Option("max_iterations", "--max-iterations", int, 20, embedded_default=6, min=1, max=10_000,
+           metavar="N", group=LIMITS, commands=(RUN,), stored=True, budget_field="max_iterations",
+           help="turns per RLM loop before a last-turn prompt (default 20; 6 with the embedded "
+                "model, which repeats itself when stuck)",
+           doc="turns per loop before the last-turn prompt"),
+    Option("max_depth", "--max-depth", int, 1, min=0, max=MAX_DEPTH_LIMIT, metavar="N",
+           group=LIMITS, commands=(RUN,), stored=True, budget_field="max_depth",
+           help="kernel-bearing levels: 0 no sub-calls, 1 rlm() is a plain completion (default), "
+                "d>1 children get kernels while level+1 < d",
+           doc=f"0 to {MAX_DEPTH_LIMIT}; see [Depth](#depth)"),
+    Option("cell_timeout", "--cell-timeout", float, 60.0, min=0, min_exclusive=True, max=86_400,
+           metavar="S", group=LIMITS, commands=(RUN,), stored=True,
+           help="seconds per executed code block before the kernel is interrupted (default 60)",
+           doc="seconds per code block before the kernel is interrupted"),
+    Option("max_output_chars", "--max-output-chars", int, 4000, embedded_default=2000, min=100,
+           max=10_000_000, metavar="N", group=LIMITS, commands=(RUN,), stored=True,
+           help="characters of cell output shown to the model per turn (default 4000; 2000 with "
+                "the embedded model)",
+           doc="cell output shown to the model per block (characters)"),
+    Option("max_cost_usd", "--max-cost", float, min=0, min_exclusive=True, max=1e9, metavar="USD",
+           group=LIMITS, commands=(RUN,), stored=True, budget_field="max_cost_usd",
+           help="cost cap for the whole run tree, in USD",
+           doc="cost cap for the whole tree (needs a price for every model)"),
+    Option("max_tokens", "--max-tokens", int, min=1, max=10**15, metavar="N", group=LIMITS,
+           commands=(RUN,), stored=True, budget_field="max_tokens",
+           help="token cap (prompt + completion) for the whole run tree",
+           doc="token cap (prompt + completion) for the whole tree"),
+    Option("max_calls", "--max-calls", int, min=1, max=10**12, metavar="N", group=LIMITS,
+           commands=(RUN,), stored=True, budget_field="max_calls",
+           help="cap on model calls for the whole run tree",
+           doc="model-call cap for the whole tree"),
+    Option("max_wall_seconds", "--timeout", float, min=0, min_exclusive=True, max=10**9,
+           metavar="S", group=LIMITS, commands=(RUN,), stored=True, budget_field="max_wall_seconds",
+           help="wall-clock cap for the run, in seconds",
+           doc="wall-clock cap in seconds; in-flight calls and cells are cut at it"),
+    Option("max_children_per_call", "--max-children", int, min=1, max=10**6, metavar="N",
+           group=LIMITS, commands=(RUN,), stored=True, budget_field="max_children_per_call",
+           help="cap on items one batched call may start",
+           doc="items one batched call may start"),
+    Option("max_concurrency", "--concurrency", int, 8, min=1, max=1024, metavar="N", group=LIMITS,
+           commands=(RUN,), stored=True, budget_field="max_concurrency",
+           help="model calls in flight at once, and child RLMs running at once (default 8)",
+           doc="model calls in flight at once, and child RLMs running at once"),
+    Option("pool_size", "--pool-size", int, min=0, max=64, metavar="N", group=LIMITS,
+           commands=(RUN,),
+           help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
+           doc="idle pre-started kernels for children", doc_default="0 / 2"),
+    Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
+           stored=True, check=_price_file,
+           help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
+                "recorded with the run, so resume reads it again (give it to resume if it moved)",
+           doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`; its absolute path is '
+               "recorded, and resume reads it again", doc_default="built-in"),
+    # -- which run, where it is recorded -----------------------------------------------------
+    Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
+           check=_run_id,
+           help="name the run; an id that finished returns the recorded result, a crashed or "
+                "failed one is resumed",
+           doc="a finished id returns the recorded result; a crashed or failed one resumes",
+           doc_default="new id"),
+    Option("divergence", "--on-divergence", default="stop", choices=("stop", "live"),
+           commands=(RESUME,),
+           help="a recorded call whose request differs: stop with a report (default) or go live "
+                "from that point",
+           doc="a resumed call whose request differs from the journal: `stop` with a report, or "
+               "go `live` from there (`rlm resume --on-divergence`)"),
+    Option("journal", "--journal", object, metavar="PATH|URL", commands=JOURNAL_COMMANDS,
+           empty_is_unset=True, switches=(Switch("--no-journal", False, "do not write a journal"),),
+           help="journal: a SQLite file or a postgresql:// URL (env RLM_JOURNAL)",
+           doc="journal: a SQLite file (a path) or a `postgresql://` URL, or `False` for none",
+           doc_default="see below"),
+    # -- Python only ---------------------------------------------------------------------------
+    Option("max_completion_tokens", None, int, 1024, min=1, max=1_000_000, stored=True,
+           doc="output cap of root and child turns (tokens)"),
+    Option("sub_max_tokens", None, int, 512, embedded_default=256, min=1, max=1_000_000,
+           stored=True, doc="output cap of `llm_query` calls and depth-limit fallbacks (tokens)"),
+    Option("sub_prompt_chars", None, int, 6000, embedded_default=4000, min=100, max=10_000_000,
+           stored=True, doc="prompt size the system prompt tells the model to keep `llm_query` "
+                            "under (characters)"),
+    Option("prompt", "--prompt", str, "general", embedded_default="small",
+           metavar="PROFILE", commands=(RUN,), stored=True, check=_prompt,
+           help="system prompt profile: 'small' (a worked lookup program small models copy; "
+                "default on the embedded model), 'general' (a way of working for capable "
+                "hosted models; the default with an endpoint), or a template file's path",
+           doc="system prompt profile: `small` (worked lookup example, for small models), "
+               "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
+               "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
+               "`{rlm_line}`, `{to_text}` (`{{`/`}}` for braces)",
+           doc_default="`general`; `small` on the embedded model"),
+    Option("temperature", None, float, 0.0, min=0.0, max=2.0, stored=True,
+           doc="sampling temperature of every model call"),
+    Option("max_kernel_restarts", None, int, 3, min=0, max=100, stored=True,
+           doc="restarts of one RLM's kernel before that RLM fails"),
+    Option("system_template", None, stored=True, doc_default="built-in",
+           doc="system prompt template text replacing the `prompt` profile's (same `{fields}`)"),
+    Option("on_progress", None, object,
+           doc="callable taking one progress line (str); the CLI prints them unless `-q`"),
+    Option("listeners", None, list,
+           doc="extra stage-tree listeners (callables taking one event dict), after the "
+               "journal's: the live view and the OpenTelemetry exporter use it"),
+    Option("answer_schema", "--answer-schema", object, metavar="FILE.json", commands=(RUN,),
+           stored=True, empty_is_unset=True,
+           help="JSON Schema file the FINAL value must validate against; an invalid value is "
+                "refused and the model told why",
+           doc="JSON Schema the FINAL value must match (a dict, a JSON file, a dataclass or a "
+               "pydantic model); see [Embedding](#embedding)"),
+    Option("verify", None, object,
+           doc="callable gate on the FINAL value: True/None accepts, False or a reason refuses"),
+    Option("cancel", None, object,
+           doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
+               "journaled `cancelled`, resumable)"),
+)
+
+#: Every accepted keyword name (frozenset of str).
+OPTION_NAMES = frozenset(o.name for o in OPTIONS)
+_FIELDS = frozenset(f.name for f in fields(Options))
+# Options attributes rlm.config.build.build_options sets from the endpoint or the opened journal
+_RESOLVED = frozenset({"model", "sub_model", "child_model", "base_url", "api_key", "journal",
+                       "price_file"})
+
+
+def check_names(names: Iterable[str]) -> None:
+    """Refuse keyword names that are not options.
+
+    Raises:
+        ConfigError: ``unknown option(s): a, b`` (sorted).
+    """
+    unknown = set(names) - OPTION_NAMES
+    if unknown:
+        raise ConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
+
+
+def _alternatives(values: Iterable[Any]) -> str:
+    r = [repr(v) for v in values]
+    return r[0] if len(r) == 1 else f"{', '.join(r[:-1])} or {r[-1]}"
+
+
+def validate_options(o: Mapping[str, Any]) -> None:
+    """Check the given option values before anything starts; messages name the ``rlm run`` flag.
+
+    ``None`` values are "not given" and pass. Numbers must be finite, in range, and whole for
+    ``int`` options; choices must match; ``base_url`` must be http(s); ``run_id`` not blank;
+    ``model`` needs an endpoint (``base_url``/``api_key`` or ``OPENAI_BASE_URL``/``OPENAI_API_KEY``).
+
+    Raises:
+        ConfigError: the first bad value, e.g. ``--max-depth must be >= 0 and <= 8, got 9``.
+    """
+    for opt in OPTIONS:
+        v = o.get(opt.name)
+        if v is None:
+            continue
+        if opt.min is not None:
+            _check_number(opt, v)
+        if opt.choices is not None and v not in opt.choices:
+            raise ConfigError(f"{opt.label} must be {_alternatives(opt.choices)}")
+        if opt.check is not None:
+            problem = opt.check(v)
+            if problem:
+                raise ConfigError(f"{opt.label} {problem}")
+    for name in _TEXT_OPTIONS:
+        v = o.get(name)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{_label(name)} must be a string, got {type(v).__name__} {v!r}")
+    journal = o.get("journal")
+    if journal is not None and not isinstance(journal, (str, os.PathLike, bool)) \
+            and not hasattr(journal, "create_run"):
+        raise ConfigError(f"journal must be a path, a postgresql:// URL, False or a Journal, "
+                          f"got {type(journal).__name__} {journal!r}")
+    if o.get("on_progress") is not None and not callable(o["on_progress"]):
+        raise ConfigError(f"on_progress must be callable, got {o['on_progress']!r}")
+    listeners = o.get("listeners")
+    if listeners is not None and (not isinstance(listeners, (list, tuple))
+                                  or not all(callable(x) for x in listeners)):
+        raise ConfigError(f"listeners must be a list of callables, got {listeners!r}")
+    env_url = os.environ.get("OPENAI_BASE_URL")
+    if not o.get("base_url") and env_url:
+        problem = _http_url(env_url)
+        if problem:
+            raise ConfigError(f"OPENAI_BASE_URL {problem}")
+    if o.get("model") and not endpoint_configured(o):
+        raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
+                          "OPENAI_BASE_URL / OPENAI_API_KEY); without one the embedded model "
+                          "is used, chosen with --embedded-model")
+
+
+#: keyword options whose value is text when given
+_TEXT_OPTIONS = ("model", "sub_model", "child_model", "api_key", "embedded_model", "encoding",
+                 "system_template", "divergence")
+
+
+def _label(name: str) -> str:
+    opt = next((o for o in OPTIONS if o.name == name), None)
+    return opt.label if opt is not None else name
+
+
+def _check_number(opt: Option, v: Any) -> None:
+    label = opt.label
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{label} must be a finite number, got {v!r}")
+    if opt.type is int and not float(v).is_integer():
+        raise ConfigError(f"{label} must be a whole number, got {v!r}")
+    lo, hi = opt.min, opt.max
+    if (v <= lo if opt.min_exclusive else v < lo) or v > hi:
+        rel = f"> {lo:g}" if opt.min_exclusive else f">= {lo:g}"
+        raise ConfigError(f"{label} must be {rel} and <= {hi:g}, got {v!r}")
+
+
+# -- the endpoint ----------------------------------------------------------------------------
+
+class Endpoint(NamedTuple):
+    """A resolved model endpoint: ``base_url`` (str), ``api_key`` (str | None), ``model`` (str)."""
+
+    base_url: str
+    api_key: str | None
+    model: str
+
+
+def _endpoint_settings(o: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    return (o.get("base_url") or os.environ.get("OPENAI_BASE_URL"),
+            o.get("api_key") or os.environ.get("OPENAI_API_KEY"))
+
+
+def endpoint_configured(o: Mapping[str, Any]) -> bool:
+    """True if the run goes to an OpenAI-compatible endpoint rather than the embedded model:
+    ``base_url`` or ``api_key`` is given, or ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` is set."""
+    base_url, api_key = _endpoint_settings(o)
+    return bool(base_url or api_key)
+
+
+def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
+    """The configured endpoint (see :func:`endpoint_configured`), or None for the embedded model.
+
+    The URL defaults to ``https://api.openai.com/v1`` when only a key is set; the model name
+    comes from ``model``, else ``$RLM_MODEL``.
+
+    Raises:
+        ConfigError: an endpoint is configured but no model name is.
+    """
+    if not endpoint_configured(o):
+        return None
+    base_url, api_key = _endpoint_settings(o)
+    model = o.get("model") or os.environ.get("RLM_MODEL")
+    if not model:
+        raise ConfigError("a model endpoint is configured but no model name: pass "
+                          "--model NAME (or model=...)")
+    return Endpoint(base_url or "https://api.openai.com/v1", api_key, model)

@@ -1,0 +1,1 @@
+"""Loading contexts: files, directories, formats, listings."""

@@ -1,0 +1,635 @@
+"""Loading a context from a file, several files, stdin or a Python value, and describing it.
+
+A context is a ``str``, a ``list`` (of str or JSON-like items) or a JSON-like
+``dict``. A single file: ``.json`` is parsed as JSON; ``.jsonl``, ``.csv``/``.tsv``,
+``.pdf``, ``.html`` and compressed files are read by :mod:`rlm.context.formats`; anything
+else is text. A directory, a glob, a list of paths, or a mapping with ``Path``
+values becomes a dict of relative path -> value (:mod:`rlm.context.sources`). Text is
+UTF-8, or its encoding is detected (``charset-normalizer``) unless one is given.
+Bad input is refused with a message that says what to do:
+
+- a missing path, a glob that matches nothing: ``ContextError``
+- an empty file (or only whitespace), a directory with no text files: ``ContextError``
+- a binary file (NUL bytes in the first 64 KiB): ``ContextError`` (in a directory:
+  skipped and listed in the metadata)
+- bytes that decode with no encoding (or not with the given one): ``ContextError``
+  naming the byte offset and suggesting ``--encoding``
+- more than ``max_bytes`` of text: ``ContextError`` naming the biggest contributors
+
+Text UTF-8 cannot encode (a lone surrogate: a ``"\ud83d"`` escape in a JSON file, half
+an emoji in a Python value) follows the one text policy of :mod:`harness.text`: it
+becomes U+FFFD in the context the kernel sees and in the context's hash, and the run goes on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.text import clean, clean_text
+
+from rlm.context import formats
+from rlm.errors import ContextError
+from rlm.models.tokens import estimate_tokens
+
+
+@dataclass
+class LoadedContext:
+    """A context ready for a kernel.
+
+    Attributes:
+        value: the context (str, list or dict); None for a ``bundle`` (read it with
+            :meth:`read_value`: the host does not hold a many-file context).
+        fmt: ``"text"``, ``"json"`` or ``"bundle"``: how the kernel reads ``path``.
+        path: a file the kernel can read the context from (may be the user's own file);
+            give it to a kernel with :meth:`share`.
+        owned: True if ``path`` is a temporary file of ours (delete after binding; moved to
+            a kernel that runs as another user, and written again when needed: :meth:`share`).
+        source: where it came from (path, ``"-"`` for stdin, ``"<value>"``).
+    """
+
+    value: Any
+    fmt: str
+    path: str | None
+    owned: bool
+    source: str
+    encoding: str = "utf-8"
+    _sha256: str | None = None
+    #: precomputed :func:`describe` output (bundles, detected encodings); None: describe(value)
+    meta: dict | None = None
+    #: more temporary files to delete with ``path`` (a bundle's converted data)
+    extra_files: list = field(default_factory=list)
+    #: how to load it again (many-file contexts): sources, include, exclude, max_bytes
+    spec: dict | None = None
+    #: ``path`` was given away to a kernel (see :meth:`share`): the host has no file now
+    _given: bool = False
+    #: the file's writing and hashing still under way on a thread (:class:`_Behind`), or None
+    _behind: Any = None
+    #: ``(size, mtime_ns)`` of the user's own file when the kernel reads it in place (not
+    #: ``owned``): checked again before the kernel is given it (:meth:`share`), and the size
+    #: by the kernel as it reads, so the text the kernel sees is the text the journal hashed
+    stamp: tuple | None = None
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the context (text as UTF-8, JSON canonicalised); computed once (a text
+        context written by the host is hashed while its file is written).
+
+        Raises:
+            ContextError: the context's file, written on a thread, could not be written.
+        """
+        self.settle()
+        if self._sha256 is None:
+            blob = self.value if isinstance(self.value, str) else json.dumps(
+                self.value, sort_keys=True, ensure_ascii=False)
+            self._sha256 = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        return self._sha256
+
+    @property
+    def writing(self) -> bool:
+        """True while :attr:`path` is still being written (and hashed) on a thread: a big text
+        context's file is written behind, so the caller's own set-up (imports, building the
+        model client) overlaps it. :meth:`settle` waits for it; :meth:`share` and
+        :attr:`sha256` do so themselves."""
+        return self._behind is not None
+
+    def settle(self) -> None:
+        """Wait until the file at :attr:`path` is whole (a no-op once it is).
+
+        Raises:
+            ContextError: it could not be written (it is removed; a full disk, say), naming
+            the file. Raised again on every later call.
+        """
+        behind = self._behind
+        if behind is not None:
+            self._sha256 = behind.result()
+            self._behind = None
+
+    def read_value(self) -> Any:
+        """The context's value; a bundle is read from its files (as the kernel does)."""
+        if self.value is None and self.fmt == "bundle" and self.path:
+            from kernels.bundle import read_bundle
+            return read_bundle(self.path)
+        return self.value
+
+    def share(self, kernel: Any) -> str | None:
+        """The path ``kernel`` reads this context from (None: no file).
+
+        ``kernel.share_file(path, fmt, move)`` (:meth:`kernels.kernel.Kernel.share_file`) gives
+        a kernel running as another user its private copy. A temporary file of ours with the
+        value in memory is *moved* there rather than copied: the host never reads it again,
+        and a later call (a restarted kernel) first writes the file again from the value.
+
+        Raises:
+            ContextError: the file could not be written, copied or moved (a full disk,
+            say), naming the file.
+        """
+        if not self.path:
+            return None
+        self.settle()
+        self.check_unchanged()
+        try:
+            movable = self.owned and self.fmt in ("text", "json") and self.value is not None
+            if not movable:
+                return self._share_unmoved(kernel)
+            if self._given:
+                self._rewrite()
+                self.settle()
+            dest = kernel.share_file(self.path, self.fmt, True)
+        except OSError as exc:  # the kernel's private copy, on a full disk say
+            from rlm.context.sources import scratch_error
+            raise scratch_error(exc, None) from None
+        if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
+            self._given = True
+        return dest
+
+    def _share_unmoved(self, kernel: Any) -> str:
+        """The user's own file (or a bundle) for ``kernel``; a private copy of the user's
+        file is checked against :attr:`stamp` once made (a file rewritten while it was
+        copied, at the same size, would otherwise reach the kernel unnoticed)."""
+        dest = kernel.share_file(self.path, self.fmt)
+        if dest != self.path:
+            self.check_unchanged()
+        return dest
+
+    def check_unchanged(self) -> None:
+        """For the user's own file read in place (:attr:`stamp`): check it still has the size
+        and modification time it had when it was loaded and hashed.
+
+        Raises:
+            ContextError: it changed (or is gone) since: the kernel would not see the text
+            the run's journal records.
+        """
+        if self.stamp is None:
+            return
+        try:
+            now = _stamp(os.stat(self.path))
+        except OSError:
+            now = None
+        if now != self.stamp:
+            raise ContextError(f"context file {self.path} changed since it was loaded (its "
+                               "size or modification time differs): the kernel would not see "
+                               "the text the run's journal records; run again once nothing "
+                               "writes to it")
+
+    def _rewrite(self) -> None:
+        """Write :attr:`value` to a new temporary file (the same bytes as the first time),
+        next to the one given away, and make it :attr:`path`."""
+        again = _write(self.value, self.fmt, self.source, os.path.dirname(self.path) or None)
+        self.path, self._given, self._behind = again.path, False, again._behind
+
+    def discard(self) -> None:
+        """Remove the temporary files, if this context wrote any (not one given to a kernel).
+        Waits for a write still under way (a failed one has removed its file); never raises."""
+        try:
+            self.settle()
+        except (OSError, ContextError):
+            pass
+        if self.owned and self.path:
+            for p in [*([] if self._given else [self.path]), *self.extra_files]:
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+
+
+def _blank(text: str | bytes) -> bool:
+    """True if ``text`` is empty or only whitespace; stops at the first other character
+    (``strip()`` would copy a whole context that ends in a newline)."""
+    return not text or text.isspace()
+
+
+def _check_bytes(data: bytes, source: str) -> None:
+    if _blank(data):
+        raise ContextError(f"context {source} is empty; give a file with the text to work on")
+    if b"\x00" in data[:65536] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ContextError(f"context {source} looks binary (it contains NUL bytes); "
+                           "give a text or .json file (convert office files to text first)")
+
+
+def _read_capped(f, limit: int, source: str, *, sized: bool, early: bool) -> bytes:
+    """All of ``f`` (a binary file object: a file, a device, a pipe, stdin), refusing more than
+    ``limit`` bytes. ``sized``: a regular file already checked against ``limit`` by its size,
+    read in one buffer; otherwise it is read in chunks and never past ``limit + 1`` bytes.
+    ``early``: check the first chunk for NUL bytes before reading on (for sources with no
+    size, which may never end).
+
+    Raises:
+        ContextError: over ``limit``, or binary at its start (``early``).
+    """
+    from rlm.context.sources import _CHUNK, _human
+    if sized:
+        data = f.read()  # one buffer of the file's size
+        if len(data) <= limit:  # (it may have grown since its size was checked)
+            return data
+    else:
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:
+            chunk = f.read(min(_CHUNK, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            if early and not chunks and not _blank(chunk):
+                _check_bytes(chunk, source)
+            chunks.append(chunk)
+            total += len(chunk)
+    raise ContextError(f"context {source} holds more than --max-context-bytes {limit:,} "
+                       f"({_human(limit)}): reading stopped there. Give a smaller input, or "
+                       "raise --max-context-bytes")
+
+
+def _decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
+    return formats.decode(data, source, encoding)
+
+
+def _paths(source: Any) -> list | None:
+    """The paths of a many-file context given as a list/tuple of paths, else None."""
+    if isinstance(source, (list, tuple)) and source and all(
+            isinstance(x, os.PathLike) for x in source):
+        return list(source)
+    return None
+
+
+def load_context(source: Any, *, encoding: str | None = None, is_json: bool | None = None,
+                 scratch_dir: str | None = None, include: list | None = None,
+                 exclude: list | None = None, max_bytes: int | None = None) -> LoadedContext:
+    """Load a context from a path (str/Path), ``"-"`` (stdin), paths, or a Python value.
+
+    Args:
+        source: a path, ``"-"``, a :class:`pathlib.Path` (a file, a directory, or a glob
+            such as ``Path("logs/*.log.gz")``), a list of ``Path``, a mapping whose values
+            may be ``Path`` (read as files), or the context itself (a str that is not an
+            existing path is NOT treated as a path: pass a ``Path`` to be explicit; the
+            CLI always passes paths).
+        encoding: text encoding of files and stdin; None or ``"auto"``: UTF-8, else detected.
+        is_json: force JSON parsing (True) or text (False); default by suffix ``.json``.
+        include, exclude: gitignore-style patterns on the relative paths of a many-file context.
+        max_bytes: cap on the context's text in bytes (default 2,000,000,000).
+    Raises:
+        ContextError: missing, empty, binary, undecodable, malformed or too big input.
+    """
+    from rlm.context import sources
+    enc = encoding or "auto"
+    paths = _paths(source)
+    if paths is None and isinstance(source, Path) and str(source) != "-":
+        p = str(source)
+        if os.path.isdir(p) or (not os.path.exists(p) and sources._MAGIC.search(p)):
+            paths = [source]
+    if paths is not None:
+        walk, _base, origin = sources.collect(paths, include, exclude)
+        return _bundle(walk.files, origin, enc, max_bytes, scratch_dir, walk.ignored, {
+            "sources": [os.path.abspath(os.path.expanduser(str(x))) for x in paths],
+            "include": include or None, "exclude": exclude or None, "max_bytes": max_bytes})
+    if isinstance(source, dict) and any(isinstance(v, os.PathLike) for v in source.values()):
+        items = [(clean_text(str(k)), Path(v) if isinstance(v, os.PathLike) else v)
+             for k, v in source.items()]
+        for k, v in items:
+            if isinstance(v, Path) and not v.is_file():
+                raise ContextError(f"context file not found: {sources.shown_path(v)} (key {k!r})")
+        return _bundle(items, f"a mapping of {len(items)} keys", enc, max_bytes, scratch_dir, {},
+                       None)
+    if isinstance(source, Path) or (isinstance(source, str) and source == "-"):
+        loaded = _load_file(str(source), enc, is_json, scratch_dir, max_bytes)
+        loaded.encoding = enc
+        return loaded
+    if isinstance(source, (list, dict)):
+        if not source:
+            raise ContextError(f"context is an empty {type(source).__name__}; give the data to work on")
+        try:  # before clean(): a circular value is refused here, not by a RecursionError
+            blob = json.dumps(source, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ContextError(f"context must be JSON-like (str, list, dict): {exc}") from None
+        cleaned = clean(source)
+        return _write(cleaned, "json", "<value>", scratch_dir, blob if cleaned is source else None)
+    if isinstance(source, bytes):
+        _check_bytes(source, "<bytes>")
+        raw = source
+        source, detected = _decode(raw, "<bytes>", encoding)
+        if _blank(source):
+            raise ContextError("context is empty; give the text to work on")
+        # bytes read as UTF-8 (no BOM, no other encoding found) are the text's own encoding
+        same = formats.is_utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
+        ctx = _write_text(source, "<value>", scratch_dir, raw if same else None)
+        if detected:  # told to the model, as for a file
+            ctx.meta = describe(ctx.value)
+            ctx.meta["note"] = f"It holds text decoded from bytes as {detected} (detected)."
+        return ctx
+    if isinstance(source, str):
+        if type(source) is not str:  # a subclass: its own text, not what its methods say
+            source = str.__str__(source)
+        if _blank(source):
+            raise ContextError("context is empty; give the text to work on")
+        return _write_text(source, "<value>", scratch_dir)
+    raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
+
+
+def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored: dict,
+            spec: dict | None) -> LoadedContext:
+    from rlm.context import sources
+    b = sources.build(items, origin=origin, encoding=enc, max_bytes=max_bytes,
+                      scratch_dir=scratch_dir, ignored=ignored)
+    ctx = LoadedContext(None, "bundle", b.manifest, True, origin, enc, b.sha256, meta=b.meta,
+                        extra_files=[b.blob] if b.blob else [], spec=spec)
+    return ctx
+
+
+def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str | None,
+               max_bytes: int | None = None) -> LoadedContext:
+    from rlm.context.sources import DEFAULT_MAX_BYTES, _too_big, shown_path
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+    regular = False  # a regular file (read in place by the kernel when it can be)
+    stamp = None  # its (size, mtime_ns) as read
+    name = "" if path == "-" else Path(path).name
+    inner, comp = formats.split_suffixes(name)
+    if path == "-":
+        source = "<stdin>"
+        data = _read_capped(sys.stdin.buffer, limit, source, sized=False, early=True)
+    else:
+        if not path:
+            raise ContextError("the context path is empty: give a file, a directory or '-' "
+                               "for stdin")
+        p = Path(path)
+        if not p.exists():
+            raise ContextError(f"context file not found: {shown_path(path)}")
+        if p.is_dir():
+            raise ContextError(f"context path is a directory, not a file: {shown_path(path)}")
+        source = path
+        try:
+            st = p.stat()
+            regular = stat.S_ISREG(st.st_mode)
+            if regular and st.st_size > limit:
+                raise _too_big([(p.name, st.st_size)], limit, path)
+            with open(p, "rb") as f:
+                # a device or a pipe has no size: read it up to the cap, and give up at once
+                # on one whose first bytes are binary (/dev/zero, /dev/urandom)
+                data = _read_capped(f, limit, source, sized=regular, early=not regular and
+                                    not comp and formats.suffix(inner) != ".pdf")
+                if regular:
+                    stamp = _stamp(os.fstat(f.fileno()))
+                    if stamp != _stamp(st) or stamp[0] != len(data):
+                        raise ContextError(f"context file {shown_path(path)} changed while it "
+                                           "was read; run again once nothing writes to it")
+        except OSError as exc:
+            raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
+    if _blank(data):
+        _check_bytes(data, source)
+    if comp:
+        try:
+            data = formats.decompress(data, comp, source, limit)
+        except formats.TooBig:
+            raise _too_big([(name, limit)], limit, path, unfinished=name) from None
+        name = inner
+    if formats.suffix(name) != ".pdf":
+        _check_bytes(data, source)
+    want_json = is_json if is_json is not None else name.lower().endswith(".json")
+    if want_json:
+        text, _ = _decode(data, source, encoding)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ContextError(f"context {source} is not valid JSON (line {exc.lineno}, "
+                               f"column {exc.colno}: {exc.msg})") from None
+        if not isinstance(value, (str, list, dict)):
+            kind = {type(None): "null", bool: "boolean", int: "number", float: "number"}.get(
+                type(value), type(value).__name__)
+            raise ContextError(f"context {source} holds a JSON {kind}; a JSON context must be a "
+                               "string, a list or an object")
+        if not value or (isinstance(value, str) and _blank(value)):
+            raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
+                               "give the data to work on")
+        cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
+        if isinstance(cleaned, str):
+            return _write_text(cleaned, source, scratch_dir)
+        if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
+                formats.is_utf8(encoding):
+            return LoadedContext(value, "json", os.path.abspath(path), False, source,
+                                 stamp=stamp)
+        return _write(cleaned, "json", source, scratch_dir)
+    conv = formats.convert(name, data, source, encoding)
+    if conv.kind != "text" and not conv.value:
+        raise ContextError(f"context {source} is empty (no {conv.kind}); give the data to work on")
+    if conv.kind == "text" and _blank(conv.value):
+        raise ContextError(f"context {source} is empty; give a file with the text to work on")
+    if conv.kind == "text" and not conv.notes and regular and not comp \
+            and formats.is_utf8(encoding) \
+            and not data.startswith(b"\xef\xbb\xbf"):
+        # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
+        # (hashed behind when big, like a file the host writes)
+        ctx = LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
+                            stamp=stamp)
+        if len(data) >= _WRITE_BEHIND:
+            ctx._behind = _Behind(_sha256_hex, data)
+        else:
+            ctx._sha256 = _sha256_hex(data)
+        return ctx
+    ctx = (_write_text(conv.value, source, scratch_dir) if conv.kind == "text"
+           else _write(conv.value, "json", source, scratch_dir))
+    if conv.notes or conv.kind != "text":
+        what = {"records": "a list of JSON Lines records", "rows": "a list of row dicts "
+                "(column -> str)", "pages": "a list of page texts"}.get(conv.kind, "text")
+        ctx.meta = describe(conv.value)
+        ctx.meta["note"] = f"It holds {what} read from {os.path.basename(path) or source}" + (
+            f" ({'; '.join(conv.notes)})" if conv.notes else "") + "."
+    return ctx
+
+
+#: From this size (bytes, or characters of an ASCII text) a text context's file is written and
+#: hashed behind, on a thread (:class:`_Behind`), so that the caller's own set-up overlaps it.
+_WRITE_BEHIND = 1 << 20
+
+
+class _Behind:
+    """``fn(*args)`` run on a daemon thread, its result collected later (:meth:`result`).
+    Where no thread can be started, it runs at once, in the caller's thread."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(fn, args), daemon=True,
+                                        name="rlm-context-write")
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread can be started now: do it here
+            self._thread = None
+            self._work(fn, args)
+
+    def _work(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to whoever collects the result
+            self._error = exc
+
+    def result(self) -> Any:
+        """Wait for the work; its return value, or the exception it raised (raised again
+        on every call)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _write_text(text: str, source: str, scratch_dir: str | None,
+                data: bytes | None = None) -> LoadedContext:
+    """Write a text context to a temporary file for the kernel, hashing it on the way.
+
+    The file holds the text's UTF-8 bytes, hashed (sha256, for
+    :attr:`LoadedContext.sha256`) when they are written (:func:`_write_hashed`). A big one
+    (from :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
+    :meth:`LoadedContext.settle` (called by :meth:`~LoadedContext.share` and
+    :attr:`~LoadedContext.sha256`) waits for it. A big ASCII text, the common case, is
+    not encoded at all: its own bytes are written (:func:`_ascii_buffer`).
+    A text UTF-8 cannot encode (a lone surrogate) follows the text policy of
+    :mod:`harness.text` (U+FFFD in the file, the value and the hash); text without one is
+    kept as the very object given (no copy).
+
+    Args:
+        text: the context (str). data: its UTF-8 encoding, if the caller has it already
+            (bytes given by the user that decoded as UTF-8 without a BOM).
+    Raises:
+        ContextError: the file could not be written (it is removed; a full disk, say); for a
+        file written behind, raised by :meth:`LoadedContext.settle` instead.
+    """
+    import tempfile
+    if data is None and not (len(text) >= _WRITE_BEHIND and text.isascii()):
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = clean_text(text)
+            data = text.encode("utf-8")
+    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".txt", dir=scratch_dir)
+    ctx = LoadedContext(text, "text", path, True, source)
+    if len(text if data is None else data) >= _WRITE_BEHIND:
+        ctx._behind = _Behind(_write_hashed, fd, path, text, data)
+    else:
+        ctx._sha256 = _write_hashed(fd, path, text, data)
+    return ctx
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    """``(size, mtime_ns)``: what tells a file changed since it was read."""
+    return st.st_size, st.st_mtime_ns
+
+
+def _sha256_hex(data: bytes) -> str:
+    """The sha256 of ``data``, hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _ascii_buffer(text: str) -> memoryview | None:
+    """The bytes CPython stores an ASCII ``str`` in, which are its UTF-8 encoding, as a
+    read-only view into the string object itself (no copy), or None where they cannot be had
+    that way: another Python, a ``str`` subclass, a string not in the compact ASCII layout,
+    or a view whose first and last bytes are not the text's (checked every time).
+
+    Encoding a 50 MB text copies it into 50 MB of fresh memory, and the page faults cost as
+    much as the copy: 30-40 ms here, with the GIL held, taken from a caller busy importing.
+    Hashing and writing this view take the GIL for neither. The view is only valid while
+    ``text`` is alive: the caller keeps a reference to it.
+    """
+    if sys.implementation.name != "cpython" or type(text) is not str or not text.isascii():
+        return None
+    n = len(text)
+    head = sys.getsizeof("") - 1  # a compact ASCII str: its header, then n bytes and a NUL
+    if n == 0 or sys.getsizeof(text) != head + n + 1:
+        return None
+    import ctypes
+    view = memoryview((ctypes.c_char * n).from_address(id(text) + head)).cast("B")
+    k = min(n, 256)
+    if view[:k] != text[:k].encode("ascii") or view[n - k:] != text[n - k:].encode("ascii"):
+        return None
+    return view.toreadonly()
+
+
+def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
+    """Write ``data`` (None: the ASCII ``text``'s own bytes, :func:`_ascii_buffer`, or its
+    encoding where those cannot be had) to the file open as ``fd`` (its name ``path``) and
+    close it (:func:`_write_file`); returns the sha256 (hex) of the bytes written. Hashing
+    and writing release the GIL.
+
+    Raises:
+        ContextError: the file could not be written (it is removed), naming it.
+    """
+    try:
+        buf = data if data is not None else _ascii_buffer(text)
+        if buf is None:
+            buf = text.encode("ascii")
+        digest = hashlib.sha256(buf).hexdigest()
+    except BaseException:
+        from rlm.context.sources import _remove
+        os.close(fd)
+        _remove(path)
+        raise
+    _write_file(fd, path, buf)
+    return digest
+
+
+def _write_file(fd: int, path: str, buf: Any) -> None:
+    """Write ``buf`` (bytes-like) to the file open as ``fd`` (its name ``path``) and close it.
+
+    Raises:
+        ContextError: it could not be written (a full disk, say): the file is removed, and
+        the error names it (an error from ``write`` names no file).
+    """
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf)
+    except BaseException as exc:
+        from rlm.context.sources import _naming, _remove
+        _remove(path)
+        named = _naming(exc, path)
+        if named is exc:
+            raise
+        raise named from None
+
+
+def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
+           blob: str | None = None) -> LoadedContext:
+    """Write a context to a temporary file for the kernel: text (:func:`_write_text`) or
+    JSON (``fmt`` ``"json"``; ``blob``: ``value`` already serialised, else it is here, in one
+    pass of the C encoder, and written with one ``write``).
+
+    Raises:
+        ContextError: the file could not be written (:func:`_write_file`).
+    """
+    if fmt == "text":
+        return _write_text(value, source, scratch_dir)
+    import tempfile
+    data = (json.dumps(value, ensure_ascii=False) if blob is None else blob).encode("utf-8")
+    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json", dir=scratch_dir)
+    _write_file(fd, path, data)
+    return LoadedContext(value, fmt, path, True, source)
+
+
+def describe(value: Any) -> dict:
+    """Metadata about a context for the system prompt (never the content itself).
+
+    Returns ``{"type", "chars", "tokens_estimate", "items", "item_chars"}``;
+    ``item_chars`` lists each item's length for lists (first 50) and dicts (by key).
+    A dict also gets ``listing`` (see :func:`rlm.context.sources.describe_files`); a
+    :class:`LoadedContext` returns its precomputed metadata when it has some.
+    """
+    if isinstance(value, LoadedContext):
+        return value.meta if value.meta is not None else describe(value.value)
+    if isinstance(value, str):
+        n = len(value)
+        return {"type": "str", "chars": n, "tokens_estimate": estimate_tokens(n)}
+    if isinstance(value, list):
+        lens = [len(x) if isinstance(x, str) else len(json.dumps(x, ensure_ascii=False)) for x in value]
+        n = sum(lens)
+        return {"type": "list", "chars": n, "tokens_estimate": estimate_tokens(n),
+                "items": len(value), "item_chars": lens[:50]}
+    if isinstance(value, dict):
+        from rlm.context.sources import describe_files
+        info = {str(k): ("text", len(v)) if isinstance(v, str) else
+                ("list" if isinstance(v, list) else "dict" if isinstance(v, dict) else "json",
+                 len(json.dumps(v, ensure_ascii=False))) for k, v in value.items()}
+        return describe_files(info)
+    s = str(value)
+    return {"type": type(value).__name__, "chars": len(s), "tokens_estimate": estimate_tokens(len(s))}

@@ -1,0 +1,473 @@
+"""Contexts made of many files: a directory, several paths, a glob, or a mapping whose values
+are paths, loaded as a ``dict`` of relative path -> value (see :mod:`rlm.context.formats`).
+
+Which files (a walk never follows directory symlinks):
+
+- hidden files and directories (``.git``, ``.venv``, ``.env``), ``__pycache__``,
+  ``node_modules`` and virtual environments (a directory holding ``pyvenv.cfg``) are left out;
+- ``.gitignore`` files inside the walked tree are honoured (``pathspec``, git's rules);
+- ``include`` keeps only keys matching one of its patterns, ``exclude`` drops matches
+  (gitignore-style patterns on the relative path: ``*.py``, ``docs/``, ``src/**/test_*``);
+- files that are not text are skipped and listed with their size and why, never dropped
+  silently; what rules left out is counted in the metadata too.
+
+Keys are relative to the directory (one directory), the glob's fixed prefix (one glob), or
+the common parent of all given paths (several), with ``/`` separators, in sorted order.
+
+Large contexts stay cheap: a UTF-8 text file is checked and hashed in 1 MiB chunks and not
+copied; the kernel reads it in place. Other files (decompressed, re-encoded, parsed) are
+converted one at a time into one scratch file. The host never holds the whole context, and
+the context's sha256 is computed while streaming.
+"""
+from __future__ import annotations
+
+import codecs
+import glob as globlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.text import clean, clean_text
+
+from rlm.context import formats
+from rlm.errors import ContextError
+from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re-exported)
+
+DEFAULT_MAX_BYTES = 2_000_000_000
+SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
+_MAGIC = re.compile(r"[*?\[]")
+_CHUNK = 1 << 20
+#: suffixes whose files are converted (not read in place) even when they are UTF-8
+_CONVERTED = frozenset({".jsonl", ".ndjson", ".csv", ".tsv", ".pdf", ".html", ".htm", ".xhtml"})
+
+
+@dataclass
+class Bundle:
+    """A built many-file context: ``manifest`` is the file the kernel binds from."""
+
+    manifest: str
+    blob: str | None
+    sha256: str
+    meta: dict
+    entries: int
+    origin: str
+
+
+@dataclass
+class _Walk:
+    files: list = field(default_factory=list)          # (key, abs path)
+    ignored: dict = field(default_factory=dict)        # why -> [count, examples]
+
+    def ignore(self, why: str, what: str) -> None:
+        n = self.ignored.setdefault(why, [0, []])
+        n[0] += 1
+        if len(n[1]) < 4:
+            n[1].append(what)
+
+
+def _spec(patterns: Iterable[str]):
+    import pathspec
+    return pathspec.GitIgnoreSpec.from_lines([p for p in patterns if p and p.strip()])
+
+
+def _rel(path: str, base: str) -> str:
+    # a file name that is not UTF-8 (surrogate-escaped bytes) is shown with U+FFFD: harness.text
+    return clean_text(os.path.relpath(path, base).replace(os.sep, "/"))
+
+
+def _hidden_or_skipped_dir(name: str, full: str) -> str | None:
+    if name.startswith("."):
+        return "hidden"
+    if name in SKIP_DIRS or os.path.exists(os.path.join(full, "pyvenv.cfg")):
+        return "virtualenv/cache directory"
+    return None
+
+
+def _walk_dir(root: str, base: str, w: _Walk, filters) -> None:
+    specs: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        gi = os.path.join(dirpath, ".gitignore")
+        if os.path.isfile(gi):
+            try:
+                with open(gi, encoding="utf-8", errors="replace") as f:
+                    specs[dirpath] = _spec(f.read().splitlines())
+            except OSError:
+                pass
+
+        def gitignored(full: str, is_dir: bool) -> bool:
+            d = dirpath
+            while True:
+                spec = specs.get(d)
+                if spec is not None and spec.match_file(_rel(full, d) + ("/" if is_dir else "")):
+                    return True
+                if d == root or len(d) <= len(root):
+                    return False
+                d = os.path.dirname(d)
+
+        keep = []
+        for name in sorted(dirnames):
+            full = os.path.join(dirpath, name)
+            why = _hidden_or_skipped_dir(name, full)
+            if why is None and gitignored(full, True):
+                why = ".gitignore"
+            if why:
+                w.ignore(why, _rel(full, base) + "/")
+            elif not os.path.islink(full):
+                keep.append(name)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if name.startswith("."):
+                w.ignore("hidden", _rel(full, base))
+            elif gitignored(full, False):
+                w.ignore(".gitignore", _rel(full, base))
+            elif os.path.isfile(full):
+                _add(w, full, base, filters)
+
+
+def _add(w: _Walk, full: str, base: str, filters) -> None:
+    include, exclude = filters
+    key = _rel(full, base)
+    if include is not None and not include.match_file(key):
+        w.ignore("not matching --include", key)
+    elif exclude is not None and exclude.match_file(key):
+        w.ignore("--exclude", key)
+    else:
+        w.files.append((key, full))
+
+
+def collect(sources: list, include: list | None = None,
+            exclude: list | None = None) -> tuple[_Walk, str, str]:
+    """Find the files of a many-path context.
+
+    Returns:
+        ``(walk, base, origin)``: the files as (key, path) in key order, the directory keys
+        are relative to, and a description of where they came from.
+    Raises:
+        ContextError: a path that does not exist, or a glob that matches nothing.
+    """
+    args = []
+    for s in sources:
+        raw = os.path.expanduser(str(s))
+        p = os.path.abspath(raw)
+        if os.path.isdir(p):
+            args.append(("dir", p, p))
+        elif os.path.exists(p):
+            args.append(("file", p, p))
+        elif _MAGIC.search(raw):
+            prefix = []
+            for part in Path(p).parts:
+                if _MAGIC.search(part):
+                    break
+                prefix.append(part)
+            args.append(("glob", p, str(Path(*prefix))))
+        else:
+            raise ContextError(f"context file not found: {shown_path(s)}")
+    if not args:
+        raise ContextError("no context given")
+    base = os.path.commonpath([a[2] for a in args])
+    if not os.path.isdir(base):
+        base = os.path.dirname(base)
+    filters = (_spec(include) if include else None, _spec(exclude) if exclude else None)
+    w = _Walk()
+    for kind, p, _ in args:
+        if kind == "dir":
+            _walk_dir(p, base, w, filters)
+        elif kind == "file":
+            _add(w, p, base, filters)
+        else:
+            matches = sorted(globlib.glob(p, recursive=True))
+            if not matches:
+                raise ContextError(f"context pattern {p} matched no files")
+            for m in matches:
+                parts = Path(_rel(m, base)).parts
+                if any(x in SKIP_DIRS or x.startswith(".") for x in parts):
+                    w.ignore("hidden" if any(x.startswith(".") for x in parts)
+                             else "virtualenv/cache directory", _rel(m, base))
+                elif os.path.isdir(m):
+                    _walk_dir(m, base, w, filters)
+                elif os.path.isfile(m):
+                    _add(w, m, base, filters)
+    seen, files = set(), []
+    for key, full in sorted(w.files):
+        real = os.path.realpath(full)
+        if real not in seen:
+            seen.add(real)
+            files.append((key, Path(full)))
+    w.files = files
+    if len(args) == 1 and args[0][0] == "dir":
+        origin = f"the directory {base}"
+    elif len(args) == 1 and args[0][0] == "glob":
+        origin = f"the files matching {args[0][1]}"
+    else:
+        origin = f"{len(args)} paths under {base}"
+    return w, base, origin
+
+
+def shown_path(path: object) -> str:
+    """``path`` as a message shows it: as given, or quoted (``repr``) when it is empty, has
+    spaces at either end or characters that do not print (so ``' '`` is not shown blank)."""
+    text = str(path)
+    return text if text and text == text.strip() and text.isprintable() else repr(text)
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if round(n, 0 if unit == "bytes" else 1) < 1000 or unit == "TB":  # not "1,000.0 KB"
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _too_big(sizes: list, limit: int, what: str, *,
+             unfinished: str | None = None) -> ContextError:
+    """The cap error naming the biggest files and top-level directories.
+
+    ``sizes``: ``(key, bytes)`` pairs. ``unfinished``: the key of the entry whose size is
+    only known to be more than the bytes given (a compressed file whose decompression was
+    stopped at the cap): it, and the total, are said to be "more than" that.
+    """
+    total = sum(s for _, s in sizes)
+
+    def size(k: str, n: int) -> str:
+        return f"more than {_human(n)}" if k == unfinished else _human(n)
+
+    by_dir: dict[str, list] = {}
+    for k, s in sizes:
+        top = k.split("/", 1)[0] + "/" if "/" in k else None
+        if top:
+            d = by_dir.setdefault(top, [0, 0])
+            d[0] += s
+            d[1] += 1
+    big = sorted(sizes, key=lambda x: -x[1])[:5]
+    parts = [f"{k} {size(k, s)}" for k, s in big]
+    dirs = sorted(by_dir.items(), key=lambda x: -x[1][0])[:3]
+    if dirs:
+        parts.append("by directory: " + ", ".join(f"{d} {_human(v[0])} ({v[1]} files)"
+                                                  for d, v in dirs))
+    total_text = size(unfinished, total) if unfinished is not None else _human(total)
+    return ContextError(f"context {what} is {total_text}, over --max-context-bytes {limit:,} "
+                        f"({_human(limit)}); biggest: {'; '.join(parts)}. Leave files out with "
+                        "--exclude PATTERN (or --include), or raise --max-context-bytes")
+
+
+class _Writer:
+    """Appends converted values to one scratch file, recording each entry's slice."""
+
+    def __init__(self, scratch_dir: str | None) -> None:
+        self.scratch_dir, self.path, self.f, self.pos = scratch_dir, None, None, 0
+
+    def add(self, data: bytes) -> tuple[str, int]:
+        if self.f is None:
+            fd, self.path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".blob", dir=self.scratch_dir)
+            self.f = os.fdopen(fd, "wb")
+        off = self.pos
+        self.f.write(data)
+        self.pos += len(data)
+        return self.path, off
+
+    def close(self) -> None:
+        """Close the file (flushing it: OSError on a full disk)."""
+        if self.f is not None:
+            f, self.f = self.f, None
+            f.close()
+
+    def discard(self) -> None:
+        """Close and remove the file, if one was started; never raises."""
+        try:
+            self.close()
+        except OSError:
+            pass
+        if self.path:
+            _remove(self.path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _naming(exc: BaseException, path: str | None) -> BaseException:
+    """``exc``, or for an OSError (a ``write`` on a full disk names no file) a
+    :class:`~rlm.errors.ContextError` naming ``path``, the scratch file it was writing, and
+    what to do."""
+    if isinstance(exc, OSError):
+        return scratch_error(exc, path)
+    return exc
+
+
+def scratch_error(exc: OSError, path: str | None) -> ContextError:
+    """The :class:`~rlm.errors.ContextError` for a context file that could not be written
+    (``exc``; ``path``: the file, when the error does not name it), e.g. a full disk."""
+    where = path or exc.filename2 or exc.filename
+    folder = os.path.dirname(str(where)) if where else tempfile.gettempdir()
+    if os.path.basename(folder).startswith("rlm-k-"):  # a kernel's directory, removed by now
+        folder = os.path.dirname(folder)
+    err = ContextError(f"could not write the context for the kernel: {exc.strerror or exc}"
+                       + (f" ({where})" if where else "") + f"; free space in {folder} or "
+                       "point TMPDIR at a disk with room")
+    err.errno = exc.errno  # type: ignore[attr-defined]
+    return err
+
+
+def _scan_in_place(path: str) -> tuple[int, int, int, str] | None:
+    """Check a file is UTF-8 text without holding it: ``(offset, nbytes, chars, sha256)``,
+    or None when it needs converting (not UTF-8, a BOM other than UTF-8's, NUL bytes)."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    h = hashlib.sha256()
+    chars = nbytes = 0
+    with open(path, "rb") as f:
+        first = f.read(_CHUNK)
+        if formats.looks_binary(first) or formats._bom_encoding(first):
+            return None
+        off = 3 if first.startswith(codecs.BOM_UTF8) else 0
+        chunk = first[off:]
+        if len(first) < _CHUNK:  # small file: no thread
+            h.update(chunk)
+            try:
+                return off, len(chunk), len(chunk) if chunk.isascii() else len(
+                    chunk.decode("utf-8")), h.hexdigest()
+            except UnicodeDecodeError:
+                return None
+        # sha256 releases the GIL: hash one chunk in a thread while this one checks it
+        pool = _hash_pool()
+        try:
+            while chunk:
+                fut = pool.submit(h.update, chunk)
+                nbytes += len(chunk)
+                try:
+                    chars += len(chunk) if chunk.isascii() else len(dec.decode(chunk))
+                finally:
+                    fut.result()
+                chunk = f.read(_CHUNK)
+            dec.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return None
+    return off, nbytes, chars, h.hexdigest()
+
+
+_POOL = None
+
+
+def _hash_pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(1, thread_name_prefix="rlm-hash")
+    return _POOL
+
+
+def build(items: list, *, origin: str, encoding: str | None = None,
+          max_bytes: int | None = None, scratch_dir: str | None = None,
+          ignored: dict | None = None) -> Bundle:
+    """Load ``items`` (``(key, Path)`` to read, or ``(key, value)`` given) into a bundle.
+
+    Raises:
+        ContextError: nothing loadable (empty, or only files that are not text), or more
+            than ``max_bytes`` of text (naming the biggest contributors).
+    """
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+    disk = [(k, os.path.getsize(v)) for k, v in items if isinstance(v, Path)
+            and formats.split_suffixes(k)[1] is None]
+    if sum(s for _, s in disk) > limit:
+        raise _too_big(disk, limit, origin)
+    enc = None if encoding in (None, "", "auto") else encoding
+    writer, entries, info, skipped, notes = _Writer(scratch_dir), [], {}, [], {}
+    digest, total, loaded_sizes = hashlib.sha256(), 0, []
+    try:
+        for key, src in items:
+            if isinstance(src, Path):
+                path, size = str(src), os.path.getsize(src)
+                inner, comp = formats.split_suffixes(os.path.basename(path))
+                suf = formats.suffix(inner)
+                scan = None
+                if comp is None and suf not in _CONVERTED and suf not in formats.BINARY_SUFFIXES \
+                        and enc in (None, "utf-8", "utf8"):
+                    scan = _scan_in_place(path)
+                if scan is not None:
+                    off, n, chars, sha = scan
+                    entry, kind, value_sha = [key, os.path.abspath(path), off, n, "text"], "text", sha
+                else:
+                    try:
+                        with open(path, "rb") as f:
+                            data = f.read()
+                        conv = formats.convert(os.path.basename(path), data, key, enc,
+                                               limit=limit - total, lenient=True)
+                    except formats.TooBig:
+                        raise _too_big(loaded_sizes + [(key, limit - total)], limit,
+                                       origin, unfinished=key) from None
+                    except formats.Unreadable as exc:
+                        skipped.append((key, size, exc.reason))
+                        continue
+                    except ContextError as exc:  # an explicit --encoding that does not fit
+                        skipped.append((key, size, str(exc).split(" (", 1)[0].replace(
+                            f"context {key} is ", "")))
+                        continue
+                    del data
+                    kind = conv.kind
+                    if conv.notes:
+                        notes[key] = conv.notes
+                    entry, chars, value_sha, n = _store(writer, key, conv.value, kind)
+            else:
+                kind = "text" if isinstance(src, str) else "json"
+                entry, chars, value_sha, n = _store(writer, key, src, kind)
+            total += n
+            loaded_sizes.append((key, n))
+            if total > limit:
+                raise _too_big(loaded_sizes, limit, origin)
+            digest.update(json.dumps([key, entry[4], value_sha]).encode() + b"\n")
+            entries.append(entry)
+            info[key] = (kind, chars)
+        writer.close()
+    except BaseException as exc:
+        writer.discard()
+        named = _naming(exc, writer.path)
+        if named is exc:
+            raise
+        raise named from None
+    if not entries:
+        if writer.path:
+            os.unlink(writer.path)
+        if not skipped:
+            extra = _ignored_text(ignored or {})
+            raise ContextError(f"context {origin}: no files to read there" +
+                               (f" ({extra})" if extra else "") + "; give a directory with text files")
+        shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
+        raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
+                           f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}")
+    fd, manifest = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".manifest.json", dir=scratch_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # ASCII: a path that is not UTF-8 keeps its surrogate escapes for the kernel's open()
+            json.dump({"version": 1, "entries": entries}, f)
+    except BaseException as exc:
+        writer.discard()
+        _remove(manifest)
+        named = _naming(exc, manifest)
+        if named is exc:
+            raise
+        raise named from None
+    meta = describe_files(info, origin=origin, skipped=skipped, ignored=ignored or {}, notes=notes)
+    return Bundle(manifest, writer.path, digest.hexdigest(), meta, len(entries), origin)
+
+
+def _store(writer: _Writer, key: str, value: Any, kind: str):
+    value = clean(value)  # a mapping's own values may hold lone surrogates: see harness.text
+    if isinstance(value, str) and kind == "text":
+        data = value.encode("utf-8")
+        chars, fmt = len(value), "text"
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ContextError(f"context value for {key!r} must be JSON-like: {exc}") from None
+        data, chars, fmt = text.encode("utf-8"), len(text), "json"
+    path, off = writer.add(data)
+    return [key, path, off, len(data), fmt], chars, hashlib.sha256(data).hexdigest(), len(data)

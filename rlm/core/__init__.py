@@ -1,0 +1,1 @@
+"""One run: drive, the run tree, the turn loop, sub-calls, checked answers."""

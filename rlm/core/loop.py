@@ -1,0 +1,337 @@
+"""The loop of one RLM (the root, or a child at any level), with a kernel of its own.
+
+Each turn (an ``iteration`` stage): one model call with the conversation so far; every
+```` ```repl ```` block of the reply runs in the loop's kernel (one ``cell`` stage each); the
+outputs go back to the model. The loop ends only when executed code sets the answer
+(``FINAL``/``FINAL_VAR``); after ``max_iterations`` turns one last turn asks for it.
+
+Sub-calls the kernel's code makes (``llm_query``, ``rlm`` and their batched forms) reach the
+loop's :class:`~rlm.core.subcalls.Subcalls` through the bridge while a cell runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.control import CancelScope, Task
+from harness.stages.tree import Kind, Status
+from kernels.bridge import Registration
+from kernels.kernel import CellResult, Kernel, KernelDied
+from kernels.protocol import FINAL_EXPR, FINAL_KEY, bind_code, parse_final
+
+from rlm.prompting import prompts
+from rlm.context.load import LoadedContext, describe
+from rlm.errors import ContextError, KernelError
+from rlm.prompting.parsing import parse_reply
+from rlm.core.run_tree import RunTree
+from rlm.core.schema import AnswerCheck
+from rlm.core.subcalls import Subcalls, interrupt_note
+
+
+@dataclass
+class Outcome:
+    """How one loop ended.
+
+    Attributes:
+        answer: the answer executed code set (str), or None.
+        status: ``"completed"`` (an answer) or ``"failed"`` (iterations ran out).
+        iterations: turns taken (int). reason: why there is no answer (str).
+    """
+
+    answer: str | None
+    status: str
+    iterations: int
+    reason: str = ""
+
+
+class RLMLoop:
+    """One RLM: a model driving its own kernel that holds ``context``.
+
+    Args:
+        run: the :class:`~rlm.core.run_tree.RunTree` it belongs to (kept as ``run_tree``).
+        stage_id: the stage its iterations hang under (the ``run`` or a ``child`` stage).
+        level: its depth level (int; root = 0).
+        context: the loaded context; ``query``: the question (str | None).
+        model: the model that drives this loop (str).
+        scope: the cancel scope it runs under (the cell that started a child; default the
+            run's); the loop works in a scope of its own below it, each cell in one below that.
+    """
+
+    def __init__(self, run: RunTree, stage_id: str, level: int, context: LoadedContext,
+                 query: str | None, model: str, scope: CancelScope | None = None,
+                 check: AnswerCheck | None = None) -> None:
+        self.run_tree, self.stage_id, self.level = run, stage_id, level
+        self.scope = (scope or run.scope).child(stage_id)
+        self.cell_scope: CancelScope | None = None
+        self.task: Task | None = run.scheduler.current()  # a child's slot in the scheduler
+        # what FINAL must pass (rlm.core.schema): the run's answer_schema/verify at the root,
+        # the schema of rlm(..., schema=) for a child
+        self.check = check if check is not None or level else AnswerCheck.from_options(run.opts)
+        self.context, self.query, self.model = context, query, model
+        self.subcalls = Subcalls(self)
+        self.kernel: Kernel | None = None
+        self.reg: Registration | None = None
+        self.current_cell: str | None = None
+        self.restarts = 0
+        self.iterations = 0
+        self.last_reply: str | None = None
+        self._kernel_future: Task | None = None
+        self._closed = False
+        run.loops.append(self)
+
+    def partial_answer(self) -> str | None:
+        """The best partial answer after a budget stop: the model's last reply (or None)."""
+        return self.last_reply
+
+    # the loop ------------------------------------------------------------------
+    def run(self) -> Outcome:
+        """Drive this RLM until executed code sets the answer, or the turns run out.
+
+        Returns:
+            the :class:`Outcome` (``failed`` with a reason when no FINAL came).
+        Raises:
+            BudgetExceeded: a cap refused one of this loop's own model calls.
+            EndpointError, KernelError, DivergenceError: unrecoverable failures.
+        """
+        opts = self.run_tree.opts
+        if self.run_tree.fatal is not None:  # e.g. cancelled (rlm.aio) before it began: no kernel
+            raise self.run_tree.fatal
+        system = prompts.system_prompt(describe(self.context),
+                                       can_recurse=opts.budget.subcalls_allowed,
+                                       sub_chars=opts.sub_prompt_chars,
+                                       max_output=opts.max_output_chars,
+                                       template=opts.system_template, profile=opts.prompt)
+        task = prompts.first_user(self.query, opts.prompt)
+        if self.check is not None:
+            task += "\n\n" + self.check.instructions()
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        self._kernel_future = self.run_tree.spawn(self._new_kernel)
+        turns = max(1, opts.budget.max_iterations)
+        for i in range(turns + 1):
+            if i == turns:
+                messages.append({"role": "user", "content": prompts.LAST_TURN})
+            answer = self._turn(i, messages)
+            if answer is not None:
+                return Outcome(answer, "completed", self.iterations)
+        return Outcome(None, "failed", self.iterations,
+                       f"no FINAL after {turns} iterations and a last turn")
+
+    def _turn(self, i: int, messages: list[dict]) -> str | None:
+        """One iteration: a model call, then its code blocks; returns the answer or None.
+        Appends the reply and the feedback to ``messages``."""
+        run = self.run_tree
+        with run.stage(self.stage_id, Kind.iteration, self.level, model=self.model) as it:
+            self.iterations += 1
+            comp = run.model_call(it.id, self.level, messages, self.model,
+                                  run.opts.max_completion_tokens, scope=self.scope)
+            # reasoning is never code: only the reply's visible text is parsed and kept in
+            # the conversation; a reply cut at the output-token limit never runs its
+            # unclosed last block, and the model is told
+            parsed = parse_reply(comp.text, cut=comp.cut)
+            reply = parsed.text
+            self.last_reply = reply
+            messages.append({"role": "assistant", "content": reply})
+            blocks = parsed.code_blocks(cut=comp.cut)
+            cut_note = (prompts.cut_reply(run.opts.max_completion_tokens,
+                                          parsed.unclosed_code()) if comp.cut else None)
+            run.progress(f"level {self.level} iteration {i + 1}: {len(blocks)} code block(s)"
+                         + (" (reply cut at the output-token limit)" if comp.cut else ""))
+            if not blocks:
+                note = prompts.PROSE_FINAL if parsed.prose_final() else prompts.NO_CODE
+                if cut_note:
+                    note = cut_note if parsed.unclosed_code() else cut_note + " " + note
+                messages.append({"role": "user", "content": note})
+                it.evidence = note
+                return None
+            feedback, answer = self._run_blocks(it.id, blocks)
+            if answer is not None:
+                it.evidence = answer
+                return answer
+            if cut_note:
+                feedback.append(cut_note)
+            messages.append({"role": "user", "content": "\n\n".join(feedback)})
+            it.evidence = feedback[-1][:2000]
+            return None
+
+    def _run_blocks(self, iteration: str, blocks: list[str]) -> tuple[list[str], str | None]:
+        """Run a reply's blocks in order, each a ``cell`` stage, until one sets the answer.
+
+        Returns:
+            (the feedback text of each block run, the answer or None).
+        """
+        run, opts = self.run_tree, self.run_tree.opts
+        feedback: list[str] = []
+        for j, code in enumerate(blocks):
+            if run.fatal is not None:  # a divergence or a cancel: run no further cell
+                raise run.fatal
+            with run.stage(iteration, Kind.cell, self.level) as cell:
+                # the cell's sub-calls work under its scope: its interrupt cancels them
+                cell_scope = self.scope.child(cell.id)
+                self.current_cell, self.cell_scope = cell.id, cell_scope
+                try:
+                    res = self.run_cell(code, cell_scope)
+                finally:
+                    self.current_cell, self.cell_scope = None, None
+                    cell_scope.close()
+                out = prompts.truncate(res.output, opts.max_output_chars)
+                cell.evidence = {"code": code, "output": out, "final": res.final,
+                                 "timed_out": res.timed_out, "interrupted": res.interrupted,
+                                 "died": res.died}
+                if res.final is not None and self.check is not None:
+                    verdict = self.check.check(res.final)  # the FINAL-acceptance gate
+                    cell.evidence["check"] = verdict.evidence()
+                    res.final = verdict.answer
+                    if not verdict.ok:
+                        out = (out + "\n" if out else "") + verdict.feedback()
+                if isinstance(run.fatal, KeyboardInterrupt) or (
+                        self.scope.cancelled and self.scope.reason != "wall"):
+                    # the run was cancelled (rlm.aio, Ctrl-C, a parent cell's interrupt) while
+                    # this cell ran: it was interrupted, not failed (the wall cap says so itself)
+                    cell.finish(Status.cancelled, res.error or "the run was cancelled")
+                elif res.error:
+                    cell.finish(Status.failed, res.error)
+            if opts.journal is not None:
+                opts.journal.record_cell(run.run_id, cell.id, code,
+                                         {"output": out, "error": res.error, "final": res.final},
+                                         behind=True)
+            feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
+                                                  res.died, opts.cell_timeout)
+                            + interrupt_note(cell_scope))
+            if run.fatal is not None:
+                raise run.fatal
+            run.check_scope(self.scope)  # the run's wall cap, or the parent cell's interrupt
+            if res.final is not None:
+                return feedback, res.final
+            left = run.deadline_left()
+            if res.timed_out and left is not None and left <= 0:
+                run.accountant.check_wall()
+        return feedback, None
+
+    # the kernel ------------------------------------------------------------------
+    def _bind(self, kernel: Kernel) -> None:
+        """Register the kernel with the bridge and bind ``context`` and the runtime in it."""
+        run = self.run_tree
+        if self.reg is None:
+            self.reg = run.bridge.register(kernel.pid, self)
+        else:
+            run.bridge.update_pid(self.reg.token, kernel.pid)
+        # a kernel running as another user (root host) reads a private copy of the context
+        # (a many-file context: of the files that user may not read)
+        path = self.context.share(kernel)
+        stamp = self.context.stamp  # the user's own file, read in place: its size then
+        code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt,
+                         stamp[0] if stamp else None)
+        res, _ = kernel.execute(code, timeout=120)
+        if res.error and res.error.startswith("ContextChanged:"):
+            # named as the user knows it (the kernel may have read a private copy)
+            raise ContextError(f"context file {self.context.path} changed since it was "
+                               "loaded: the kernel would not see the text the run's journal "
+                               "records; run again once nothing writes to it")
+        if res.error:
+            raise KernelError(f"could not load the context into the kernel: {res.error}")
+
+    def _new_kernel(self) -> Kernel:
+        k = self.run_tree.acquire_kernel()
+        try:
+            self._bind(k)
+        except BaseException:
+            self.run_tree.pool.release(k)
+            raise
+        return k
+
+    def ensure_kernel(self) -> Kernel:
+        """This loop's kernel, waiting for the one started with the first model call.
+
+        Raises:
+            KernelError: it could not start or be bound.
+        """
+        if self.kernel is None:
+            if self._kernel_future is not None:
+                fut = self._kernel_future
+                while not fut.wait(0.1):  # a kernel start never outlives the wall cap
+                    self.run_tree.check_scope(self.scope)
+                self._kernel_future = None
+                self.kernel = fut.result()
+            else:
+                self.kernel = self._new_kernel()
+        return self.kernel
+
+    def run_cell(self, code: str, scope: CancelScope | None = None) -> CellResult:
+        """Run one block, bounded by the cell timeout, the wall cap and ``scope``.
+
+        At its timeout (or when ``scope`` is cancelled from above) the cell is interrupted and
+        ``scope`` cancelled (the sub-calls it started stop: see :mod:`rlm.core.subcalls`); a cell
+        that ignores the interrupt has its kernel killed. A dead kernel is restarted
+        (``context`` bound again) and the block reported as ``died``, unless the run or this
+        loop is ending; an error raised after ``FINAL`` in the same block keeps the answer.
+
+        Raises:
+            KernelError: the kernel died more than ``max_kernel_restarts`` times.
+            BudgetExceeded, Cancelled: the wall cap or a parent's interrupt ended the loop.
+        """
+        run = self.run_tree
+        scope = scope or self.scope
+        kernel = self.ensure_kernel()
+        timeout = run.opts.cell_timeout
+        left = run.deadline_left()
+        grace = 3.0
+        if left is not None:
+            if not timeout or left <= timeout:
+                grace = 1.0  # the wall cap is what ends this cell: no long wait for it
+            timeout = max(0.05, min(timeout, left)) if timeout else max(0.05, left)
+        try:
+            res, exprs = kernel.execute(code, timeout=timeout,
+                                        user_expressions={FINAL_KEY: FINAL_EXPR}, stop=scope,
+                                        grace=grace,
+                                        on_interrupt=lambda: scope.cancel("interrupted"))
+        except KernelDied as exc:
+            scope.cancel("interrupted")
+            if self.scope.cancelled or run.deadline_left() == 0.0:
+                self.run_tree.pool.release(kernel)
+                self.kernel = None
+                run.check_scope(self.scope)
+                run.accountant.check_wall()
+            return self._restart(kernel, exc)
+        res.final = parse_final(exprs)
+        if res.error and res.final is None:
+            try:
+                _, ex2 = kernel.execute("", timeout=10, user_expressions={FINAL_KEY: FINAL_EXPR})
+                res.final = parse_final(ex2)
+            except KernelDied:
+                pass
+        return res
+
+    def _restart(self, kernel: Kernel, exc: KernelDied) -> CellResult:
+        self.restarts += 1
+        self.run_tree.pool.release(kernel)
+        self.kernel = None
+        if self.restarts > self.run_tree.opts.max_kernel_restarts:
+            raise KernelError(f"the kernel died {self.restarts} times (last: {exc}); "
+                              "giving up on this RLM") from None
+        self.run_tree.progress(f"level {self.level}: kernel died ({exc}); restarting it")
+        self.kernel = self._new_kernel()
+        return CellResult(output=str(exc), error="KernelDied", died=True)
+
+    def close(self) -> None:
+        """Give the kernel back (it is shut down, never reused) and drop the context file."""
+        if self._closed:
+            return
+        self._closed = True
+        self.scope.cancel("closed")  # whatever this loop's kernel still asks for is refused
+        self.scope.close()
+        fut, self._kernel_future = self._kernel_future, None
+        if fut is not None:
+            # never wait for a kernel still starting: it is shut down when it is ready
+            def drop(task: Task) -> None:
+                try:
+                    k = task.result()
+                except BaseException:
+                    return
+                if k is not self.kernel:
+                    self.run_tree.pool.release(k)
+            fut.add_done_callback(drop)
+        if self.reg is not None:
+            self.run_tree.bridge.unregister(self.reg.token)
+        if self.kernel is not None:
+            self.run_tree.pool.release(self.kernel)
+            self.kernel = None
+        self.context.discard()

@@ -1,0 +1,1 @@
+"""Seeing a run: the live terminal view, the HTML view, OpenTelemetry spans."""

@@ -1,0 +1,1 @@
+"""What the model reads and writes: the prompts and the reply parser (a leaf)."""

@@ -1,0 +1,282 @@
+"""Prompts: the system prompt that teaches the REPL and the answer protocol.
+
+The system prompt shows only metadata about the context (its type, size and
+item lengths), never the context itself.
+
+Small models (the embedded 0.5B) copy the worked example almost token for token
+and change little more than the question and the search words, so the example is
+a complete, correct program for the commonest task, a lookup in a long text:
+
+1. pick the rare words of the question and count how often each occurs;
+2. score every match by the words found within 1,000 characters of it, each word
+   weighted by 1/its count (a rare word counts more), so the place where the
+   question's words meet comes first;
+3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best
+   places, with the prompt "Text: ... Question: ... Answer with the answer only, or
+   NONE if the text does not say";
+4. keep a reply only if it is not NONE and occurs in its window (small sub-models
+   invent plausible answers for windows without the fact);
+5. call ``FINAL`` from code, with "NOT FOUND" when no window gave a kept reply, so a
+   fruitless search ends in one turn instead of being repeated until the iteration
+   cap (the 0.5B repeats the same cell turn after turn).
+
+Sizes are inline literals, never variables the model might replace. Words match at
+a word start with up to two more letters (plurals), so "Dan" does not match "danger".
+A list or dict context is joined into one string first (the ``to_text`` line).
+
+That prompt is the ``small`` profile. The ``general`` profile (:data:`SYSTEM_GENERAL`) is for
+capable hosted models: it describes the tools and a way of working (look at ``context``, search
+it with code, split it and map a question over the pieces with batched sub-calls, combine the
+pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
+of giving one program to copy. :data:`PROFILES` names both; ``--prompt`` picks one (or a
+template file), and ``rlm eval`` measures them side by side.
+"""
+from __future__ import annotations
+
+import json
+
+SYSTEM = """You answer questions about a long text that you cannot see directly. \
+The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). \
+The REPL keeps its variables between your turns. You work by writing Python code; \
+I run it and show you what it prints.
+
+About `context`: {meta}
+
+Functions you can call in your code:
+- `llm_query(prompt)` asks another language model and returns its answer as a string. \
+It reads at most about {sub_chars} characters, so give it a small piece of `context` \
+together with the question, never the whole `context`.
+- `llm_query_batched(prompts)` does the same for a list of prompts at once and returns a list of answers.
+{rlm_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives \
+the value of the variable `name` as the final answer.
+- `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
+
+Rules:
+1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
+2. Never print all of `context`, and never assign to `context`.
+3. Find the relevant part with Python first: search for the rare words of the question \
+(names, places, things), then ask about a small window around the best match.
+4. When you know the answer, call FINAL(answer) inside a ```repl block. \
+Writing FINAL in plain text does nothing.
+
+Example. Question: "What colour is the door of the old lighthouse?"
+```repl
+import re
+question = "What colour is the door of the old lighthouse?"
+words = ["lighthouse", "door", "colour"]
+{to_text}
+def find(word, s):
+    return [m.start() for m in re.finditer(r"\\b" + re.escape(word) + r"\\w{{0,2}}\\b", s, re.IGNORECASE)]
+counts = {{w: len(find(w, text)) for w in words}}
+print(counts)
+places = []
+for w in words:
+    for pos in find(w, text):
+        near = text[max(0, pos - 1000):pos + 1000]
+        places.append((sum(1 / counts[v] for v in words if find(v, near)), pos))
+places.sort(key=lambda p: -p[0])
+answer = None
+asked = []
+for score, pos in places:
+    if len(asked) == 4:
+        break
+    if any(abs(pos - a) < 2000 for a in asked):
+        continue
+    asked.append(pos)
+    window = text[max(0, pos - 1500):pos + 1500]
+    reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
+    reply = reply.strip().strip(".")
+    print(pos, repr(reply))
+    if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
+        answer = reply
+        break
+if answer is None:
+    answer = "NOT FOUND"
+FINAL(answer)
+```
+In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
+
+#: The ``small`` profile's name for :data:`SYSTEM`.
+SYSTEM_SMALL = SYSTEM
+
+SYSTEM_GENERAL = """You are working on a task whose input is too large to read at once. \
+It is stored in the variable `context` inside a persistent Python REPL (a Jupyter kernel); \
+you see it only through the code you write. Each turn, write Python in ```repl blocks; I run \
+every block and show you what it prints. Variables persist between turns.
+
+About `context`: {meta}
+
+Available in the REPL:
+- `llm_query(prompt)`: a plain completion by another language model; returns a string. It \
+reads about {sub_chars} characters at most, so pass it one piece of `context` plus a precise \
+question, never the whole input.
+- `llm_query_batched(prompts)`: many such completions at once (they run concurrently); returns \
+a list of strings in the same order. Prefer it to a loop of `llm_query` calls.
+{rlm_line}- `FINAL(answer)`: submit the final answer and stop. `FINAL_VAR("name")` submits the \
+value of a variable.
+- `print(...)`: output longer than {max_output} characters is cut, so print summaries, \
+counts and short slices.
+
+How to work:
+1. Look before you plan: print the type and length of `context`, a short slice of its start, \
+and for a list or dict a few items, so you know its structure.
+2. When the answer sits in a few places, find them with code (`re`, `str.find`, counting \
+keywords) and read only small windows around the hits.
+3. When the task needs every part of the input (counting, classifying, collecting, \
+comparing), split `context` into pieces well under the sub-call limit, ask the same precise \
+question of every piece with `llm_query_batched`, and combine the replies in Python (sum, \
+merge, deduplicate, sort). Ask for short, structured replies (a number, a list, JSON) that \
+your code can parse.
+4. A piece that is itself a hard problem can go to `rlm(...)` when it is available.
+5. Keep intermediate results in variables, check them (print counts, spot-check a few \
+items against `context`) and fix mistakes before you answer.
+6. When you are done, call `FINAL(answer)` inside a ```repl block with the answer only, in \
+the form the question asks for. Writing FINAL in plain text does nothing.
+Never print all of `context` and never assign to `context`."""
+
+FIRST_USER_GENERAL = """Task: {query}
+
+Start with a ```repl block that looks at `context`. Do not answer from memory."""
+
+#: The prompt profiles ``--prompt`` names: profile -> (system template, first user message).
+PROFILES = {
+    "small": (SYSTEM_SMALL, None),
+    "general": (SYSTEM_GENERAL, FIRST_USER_GENERAL),
+}
+
+#: The example's line that makes one searchable string of ``context``, by context type.
+TO_TEXT = {
+    "str": "text = context",
+    "list": 'text = "\\n\\n".join(str(item) for item in context)',
+    "dict": 'text = "\\n\\n".join(str(key) + ": " + str(value) for key, value in context.items())',
+}
+TO_TEXT_OTHER = "text = str(context)"
+
+RLM_LINE = ("- `rlm(prompt, query)` starts a helper that works like you on `prompt` as its own "
+            "`context` and answers `query`; it returns the answer as a string. Use it for big pieces.\n")
+
+FIRST_USER = """Question: {query}
+
+Write a ```repl block that searches `context` for the answer. Do not answer from memory."""
+
+FIRST_USER_NO_QUERY = """There is no separate question: the task is given in `context` itself. \
+Look at the start of `context` to find out what is asked, then solve it. Write a ```repl block."""
+
+NO_CODE = ("Your reply had no ```repl code block, so nothing ran. Write Python code in a ```repl "
+           "block. When you know the answer, call FINAL(answer) inside the code block.")
+
+PROSE_FINAL = ("You wrote FINAL in plain text, which does not end the work. Call FINAL(answer) "
+               "inside a ```repl code block so it is executed.")
+
+CUT_REPLY = ("Your reply was cut off at the output-token limit ({max_tokens:,} tokens){what}. "
+             "Write a shorter reply: one short ```repl block, closed with ```, and little text "
+             "around it.")
+
+
+def cut_reply(max_tokens: int, unclosed_block: bool) -> str:
+    """What the model is told when its reply stopped at the output-token limit."""
+    what = (" before its last ```repl block was closed, so that block was not run"
+            if unclosed_block else "")
+    return CUT_REPLY.format(max_tokens=max_tokens, what=what)
+
+
+LAST_TURN = ("This is your last turn. Call FINAL(answer) in a ```repl block now with your best "
+             "answer from what you found so far.")
+
+
+def format_meta(meta: dict) -> str:
+    """One sentence of context metadata for the system prompt (a dict's ``listing`` as is)."""
+    if meta.get("listing"):
+        return meta["listing"]
+    kind = {"str": "a string", "list": "a list", "dict": "a dict"}.get(meta["type"], meta["type"])
+    s = (f"it is {kind} of {meta['chars']:,} characters (about {meta['tokens_estimate']:,} tokens)")
+    if meta["type"] == "list":
+        lens = meta.get("item_chars", [])
+        s += f" with {meta['items']} items; item lengths: {lens}"
+        if meta["items"] > len(lens):
+            s += " ..."
+    elif meta["type"] == "dict":
+        s += f" with {meta['items']} keys; lengths by key: {json.dumps(meta.get('item_chars', {}))}"
+    return s + "." + (" " + meta["note"] if meta.get("note") else "")
+
+
+def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
+                  max_output: int = 4000, template: str | None = None,
+                  profile: str = "small") -> str:
+    """The system prompt for one RLM loop.
+
+    Args:
+        meta: :func:`rlm.context.load.describe` output.
+        can_recurse: whether ``rlm(...)`` may be mentioned (max_depth >= 1).
+        sub_chars: a safe prompt size for ``llm_query`` (characters).
+        max_output: the cell output budget (characters).
+        template: a replacement for the profile's template with the same fields (``meta``,
+            ``sub_chars``, ``max_output``, ``rlm_line``, ``to_text``; any may be left out).
+        profile: a key of :data:`PROFILES` (``"small"`` or ``"general"``); an unknown name
+            (e.g. a template file's path, already read into ``template``) means ``small``.
+    """
+    base = PROFILES.get(profile, PROFILES["small"])[0]
+    return (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
+                                       max_output=f"{max_output:,}",
+                                       rlm_line=RLM_LINE if can_recurse else "",
+                                       to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
+
+
+#: The fields a system prompt template may use (``{meta}`` ...; ``{{``/``}}`` for braces).
+TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "to_text")
+
+
+def check_template(template: str) -> str | None:
+    """None if ``template`` formats with :data:`TEMPLATE_FIELDS`, else what is wrong (str)."""
+    if not template.strip():
+        return "the template is empty"
+    try:
+        template.format(**{f: "" for f in TEMPLATE_FIELDS})
+    except KeyError as exc:
+        return (f"the template names the unknown field {{{exc.args[0]}}}; the fields are "
+                f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ and }}}} for "
+                "literal braces)")
+    except (ValueError, IndexError, AttributeError) as exc:
+        return (f"the template is not a valid format string ({exc}); write {{{{ and }}}} for "
+                "literal braces")
+    return None
+
+
+def first_user(query: str | None, profile: str = "small") -> str:
+    """The first user message: the question (worded for ``profile``), or, without one, the
+    instruction to find the task at the start of ``context``."""
+    if not query:
+        return FIRST_USER_NO_QUERY
+    return (PROFILES.get(profile, PROFILES["small"])[1] or FIRST_USER).format(query=query)
+
+
+def cell_feedback(index: int, code_blocks: int, output: str, error: str | None,
+                  timed_out: bool, died: bool, timeout: float | None) -> str:
+    """Text fed back to the model for one executed block."""
+    head = f"Output of block {index + 1}/{code_blocks}:" if code_blocks > 1 else "Output:"
+    notes = []
+    if timed_out:
+        notes.append(f"[the block ran longer than its {timeout:g} s timeout and was interrupted; "
+                     "variables set before the interruption are kept. Try a faster approach.]")
+    if died:
+        notes.append("[the kernel process died while running this block (crash, os._exit or out of "
+                     "memory). It was restarted with `context` loaded again; all other variables "
+                     "were lost.]")
+    body = output if output.strip() else "(no output)"
+    return "\n".join([head, body] + notes)
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to ``limit`` characters, keeping head and tail, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep_head = int(limit * 0.7)
+    keep_tail = limit - keep_head
+    cut = len(text) - limit
+    return (text[:keep_head] + f"\n... [{cut:,} characters cut; print smaller pieces] ...\n"
+            + (text[-keep_tail:] if keep_tail > 0 else ""))
+
+
+def subcall_prompt(prompt: str, query: str | None) -> str:
+    """The user message of a plain completion (``llm_query`` or a depth-limit fallback)."""
+    return prompt if not query else f"{prompt}\n\nQuestion: {query}"
