@@ -132,9 +132,9 @@ class RLM:
             return self._run_now(context, query, overrides, plain=True)
         from kernels.kernel import drop_head_start, head_start
 
-        from rlm import _kernels_ahead
+        from rlm.config.ahead import kernels_ahead
         # the root's kernel (and its pool's) start now, overlapping the set-up below
-        head_start(_kernels_ahead({**self.options, **overrides}))
+        head_start(kernels_ahead({**self.options, **overrides}))
         try:
             return self._run_now(context, query, overrides, plain=False)
         finally:

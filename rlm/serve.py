@@ -484,7 +484,7 @@ def add_arguments(p: Any) -> None:
     """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "anything but loopback needs --api-key)")
-    from rlm.cli.main import whole_number
+    from rlm.config.argtypes import whole_number
     p.add_argument("--port", type=whole_number(0, 65535, "a TCP port"), default=8000,
                    help="TCP port, 0-65535 (default 8000; 0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",

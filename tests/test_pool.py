@@ -263,8 +263,8 @@ def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
     ({}, 1), ({"max_depth": 1}, 1), ({"max_depth": 2}, 3), ({"max_depth": 3, "pool_size": 0}, 1),
     ({"max_depth": 2, "pool_size": 5}, 6), ({"max_depth": "2"}, 1), ({"max_depth": True}, 1)])
 def test_kernels_started_ahead_follow_depth_and_pool_size(options, ahead):
-    from rlm import _kernels_ahead
-    assert _kernels_ahead(options) == ahead
+    from rlm.config.ahead import kernels_ahead
+    assert kernels_ahead(options) == ahead
 
 
 def test_rlm_run_reads_depth_and_pool_size_before_parsing():

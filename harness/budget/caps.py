@@ -12,12 +12,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from harness.errors import HarnessError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from harness.budget.accountant import Accountant
 
 __all__ = ["Budget", "Reservation", "ReservationError", "ConcurrencyGate", "Permit",
            "PUSD_PER_USD"]
@@ -135,7 +132,7 @@ class Reservation:
                  "cost_pusd", "state", "charged_usd", "_owner", "_pin", "_pout")
 
     def __init__(self, id: int, model: str, stage_id: str | None, prompt_tokens: int,
-                 max_output_tokens: int, cost_pusd: int, owner: "Accountant",
+                 max_output_tokens: int, cost_pusd: int, owner: object,
                  pin: int | None, pout: int | None, reserved_prompt_tokens: int | None = None,
                  reserved_output_tokens: int | None = None) -> None:
         self.id = id

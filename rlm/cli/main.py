@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlm.config.argtypes import whole_number
+
 # the command names of rlm.config.options (RUN, RESUME, REPLAY); the option registry itself is
 # imported where it is used, so `rlm run` can start its kernel before that import
 RUN, RESUME, REPLAY = "run", "resume", "replay"
@@ -98,22 +100,6 @@ def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
         if v is not None:
             out[opt.name] = v
     return out
-
-
-def whole_number(low: int, high: int | None = None, what: str = "a whole number"):
-    """An argparse ``type``: the argument as an int in ``[low, high]`` (no upper bound when
-    ``high`` is None), else an ``ArgumentTypeError`` naming the range and the value given."""
-    span = f"from {low} to {high}" if high is not None else f">= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
-        return value
-    return parse
 
 
 _positive_int = whole_number(1, 1_000_000)
@@ -501,9 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             from kernels.kernel import drop_head_start, head_start
 
-            from rlm import _kernels_ahead
+            from rlm.config.ahead import kernels_ahead
             try:
-                head_start(_kernels_ahead(_depth_flags(argv)))
+                head_start(kernels_ahead(_depth_flags(argv)))
                 return _main(argv)
             finally:
                 drop_head_start()

@@ -34,6 +34,8 @@ from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
 
 from rlm.errors import ConfigError
+from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
+                                LARGE_EMBEDDED_MODEL)
 
 
 @dataclass
@@ -94,13 +96,6 @@ class Options:
     cancel: Any = None
 
 
-#: The embedded model used when no endpoint is configured and none is named (the one spelling of
-#: this name: ``rlm.models.embedded`` and the CLI take it from here).
-DEFAULT_EMBEDDED_MODEL = "qwen2.5-coder-0.5b"
-#: The embedded model ``--large`` selects.
-LARGE_EMBEDDED_MODEL = "qwen2.5-coder-1.5b"
-#: Every embedded model the CLI offers (the keys of ``rlm.models.embedded.MODELS``; a test checks).
-EMBEDDED_MODELS = (DEFAULT_EMBEDDED_MODEL, LARGE_EMBEDDED_MODEL, "smollm2-135m")
 
 #: The deepest tree a run may ask for: each level holds kernels (about 60 MB each) while
 #: its children run, so a runaway recursion is refused before it exhausts memory.

@@ -67,7 +67,7 @@ class RLMLoop:
         # the schema of rlm(..., schema=) for a child
         self.check = check if check is not None or level else AnswerCheck.from_options(run.opts)
         self.context, self.query, self.model = context, query, model
-        self.subcalls = Subcalls(self)
+        self.subcalls = Subcalls(self, start_child=RLMLoop)
         self.kernel: Kernel | None = None
         self.reg: Registration | None = None
         self.current_cell: str | None = None
