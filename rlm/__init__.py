@@ -33,11 +33,11 @@ def completion(context: Any, query: str | None = None, **options: Any):
     Same options as :class:`RLM`; returns a :class:`Result`. An embedded model server started
     for this call is stopped before it returns. See :meth:`RLM.completion` for errors.
 
-    The root's kernel starts first thing (:func:`kernels.kernel.head_start`), so its cold
+    The root's kernel starts first thing (:func:`kernels.pool.head_start`), so its cold
     start (~0.6 s) overlaps the imports and the set-up of the run; if the run needs no kernel
     after all (a recorded result, bad options) it is shut down.
     """
-    from kernels.kernel import drop_head_start, head_start
+    from kernels.pool import drop_head_start, head_start
 
     from rlm.config.ahead import kernels_ahead
     head_start(kernels_ahead(options))

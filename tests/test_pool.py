@@ -16,7 +16,8 @@ import pytest
 import kernels.kernel as kk
 import rlm
 from conftest import repl, script
-from kernels.kernel import KernelPool, Pending, StartGate
+from kernels.kernel import StartGate
+from kernels.pool import KernelPool, Pending
 
 
 @pytest.fixture
@@ -243,7 +244,7 @@ def test_close_waits_for_the_released_kernels_to_be_reaped(gate):
 
 
 def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
-    from kernels.kernel import head_start, take_head_start
+    from kernels.pool import head_start, take_head_start
     first = head_start(3)
     assert head_start(3) is first  # already pending: nothing more starts
     heads = take_head_start()
@@ -333,7 +334,8 @@ def _outcome(k):
 LAUNCH_FIRST = """
 import sys
 import kernels.kernel as kk
-from kernels.kernel import Kernel, Pending
+from kernels.kernel import Kernel
+from kernels.pool import Pending
 seen = []  # whether jupyter_client was imported at the moment the process was started
 _launch = kk.launch
 def recording(*a, **kw):

@@ -11,7 +11,7 @@ def kernels_ahead(options: dict) -> int:
     """Kernels (int) to start ahead of a run given these options (``max_depth``, ``pool_size``):
     the root's, plus its pool's when its children get kernels. A value that is not a plain int
     counts as its default (the run's own validation reports it)."""
-    from kernels.kernel import pool_size_for
+    from kernels.pool import pool_size_for
 
     def _int(name: str, default: Any) -> Any:
         value = options.get(name, default)

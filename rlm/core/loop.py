@@ -189,8 +189,8 @@ class RLMLoop:
                     cell.finish(Status.cancelled, res.error or "the run was cancelled")
                 elif res.error:
                     cell.finish(Status.failed, res.error)
-            if opts.journal is not None:
-                opts.journal.record_cell(run.run_id, cell.id, code,
+            if run.journal is not None:
+                run.journal.record_cell(run.run_id, cell.id, code,
                                          {"output": out, "error": res.error, "final": res.final},
                                          behind=True)
             feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
