@@ -6,8 +6,8 @@ Run: ``python -m evals.bench_recursion``. Prints one line per measure with its t
   taken from the pre-started pool vs. started cold (target p50 < 50 ms from the pool;
   the reference implementation's child costs 1.29 s here).
 - bridge overhead: p50 of ``llm_query`` from inside a kernel minus p50 of a direct
-  :class:`rlm.models.openai_compat.ModelClient` call to the same local endpoint (target < 0.5 ms;
-  reference about 1.5 ms). The in-kernel path includes the stage records and the
+  :class:`rlm.models.openai_compat.OpenAICompatClient` call to the same local endpoint (target
+  < 0.5 ms; reference about 1.5 ms). The in-kernel path includes the stage records and the
   budget accountant, so this is the whole harness overhead of a sub-call.
 - fan-out: 64 ``llm_query_batched`` items against an endpoint with 200 ms latency at
   concurrency 16; ideal 64 / 16 x 0.2 s = 0.8 s (target within 1.1x; reference 0.96 s).
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 def bench_child_start(samples: int = 15) -> tuple[float, float]:
     from kernels.bridge import BridgeServer
     from kernels.protocol import bind_code
-    from kernels.kernel import KernelPool
+    from kernels.pool import KernelPool
     from rlm.context.load import load_context
 
     bridge = BridgeServer(lambda reg, op, args: None)
@@ -63,7 +63,7 @@ def bench_child_start(samples: int = 15) -> tuple[float, float]:
 
 def bench_bridge_overhead(n: int = 300) -> tuple[float, float]:
     import rlm
-    from rlm.models.openai_compat import ModelClient
+    from rlm.models.openai_compat import OpenAICompatClient
     from scripted_server import ScriptedServer
 
     code = (
@@ -77,7 +77,7 @@ def bench_bridge_overhead(n: int = 300) -> tuple[float, float]:
         return "pong"
 
     with ScriptedServer(responder) as srv:
-        client = ModelClient(srv.base_url, "k")
+        client = OpenAICompatClient(srv.base_url, "k")
         for _ in range(20):
             client.complete([{"role": "user", "content": "ping"}], "m", max_tokens=512)
         direct = []

@@ -27,7 +27,6 @@ import os
 import queue
 import re
 import secrets
-import select
 import shutil
 import signal
 import sys
@@ -41,6 +40,7 @@ from harness.text import clean_text
 from kernels import sandbox
 from kernels.launch import Launched, connection_info, launch
 from kernels.protocol import BOOT_CODE
+from kernels.process import end_kernel, kill_kernel, process_of, reap, stop_kernel, wait_exit, wait_for_ready
 from kernels.secrets import kernel_env
 
 
@@ -210,10 +210,10 @@ class Kernel:
         kc = km.blocking_client()
         kc.start_channels()
         try:
-            _wait_for_ready(km, kc, self.start_timeout)
+            wait_for_ready(km, kc, self.start_timeout)
         except RuntimeError:
             kc.stop_channels()
-            _stop(km, self.tag)
+            stop_kernel(km, self.tag)
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting") from None
             why = self._start_error()
@@ -225,7 +225,7 @@ class Kernel:
                 self.km, self.kc = km, kc
         if closed:  # shut down while starting (e.g. the pool closed): do not leak it
             kc.stop_channels()
-            _stop(km, self.tag)
+            stop_kernel(km, self.tag)
             if self._own_dir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise RuntimeError("kernel was shut down while starting")
@@ -245,7 +245,7 @@ class Kernel:
 
         The bridge accepts requests from this process and its descendants.
         """
-        proc = _process(self.km)
+        proc = process_of(self.km)
         return proc.pid if proc is not None else 0
 
     def share_file(self, path: str, fmt: str = "text", move: bool = False) -> str:
@@ -299,11 +299,11 @@ class Kernel:
                 # end its processes only: the thread in start() is using its client's ZeroMQ
                 # context (it waits for the kernel) and tears it down itself once the kernel
                 # is gone; destroying it from here aborted the interpreter in zmq
-                _kill(launched, self.tag, direct=True)
+                kill_kernel(launched, self.tag, direct=True)
                 if self._own_dir:
                     shutil.rmtree(self.workdir, ignore_errors=True)
                 return
-        _end(km, kc, self.tag, self.workdir if self._own_dir else "")
+        end_kernel(km, kc, self.tag, self.workdir if self._own_dir else "")
 
     def _defer_to_cell(self) -> bool:
         """When another thread is in :meth:`execute`: hand it the ZeroMQ part of the shutdown,
@@ -315,9 +315,9 @@ class Kernel:
             km, kc = self.km, self.kc
             self._closed = True
             self.km = self.kc = None  # the cell's thread sees it dead at its next poll
-            self._deferred = functools.partial(_end, km, kc, self.tag,
+            self._deferred = functools.partial(end_kernel, km, kc, self.tag,
                                                self.workdir if self._own_dir else "")
-        _kill(km, self.tag, direct=True)
+        kill_kernel(km, self.tag, direct=True)
         return True
 
     def begin_shutdown(self) -> "Callable[[], None] | None":
@@ -338,7 +338,7 @@ class Kernel:
             return None
         with self._lock:
             km, kc = self.km, self.kc
-            proc = _process(km)
+            proc = process_of(km)
             split = (km is not None and proc is not None and sandbox.supervisor_available()
                      and proc.poll() is None)
             if split:
@@ -363,7 +363,7 @@ class Kernel:
 
         def finish() -> None:
             try:
-                exited = _wait_exit(proc.pid, 10.0)
+                exited = wait_exit(proc.pid, 10.0)
             except (OSError, ChildProcessError):
                 exited = True
             if not exited:  # it did not end within 10 s
@@ -371,7 +371,7 @@ class Kernel:
                     proc.kill()
                 except OSError:
                     pass
-            _reap(proc)
+            reap(proc)
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
             if own:
@@ -467,35 +467,10 @@ class Kernel:
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 watch()  # e.g. a thread of an earlier cell printing without pause
                 continue
-            mtype, content = msg["msg_type"], msg["content"]
-            if mtype == "stream":
-                parts.append(content.get("text", ""))
-            elif mtype in ("execute_result", "display_data"):
-                data = content.get("data", {})
-                if "text/plain" in data:
-                    parts.append(data["text/plain"] + "\n")
-            elif mtype == "error":
-                tb = "\n".join(content.get("traceback") or [])
-                parts.append(_ANSI.sub("", tb) + "\n")
-                res.error = f"{content.get('ename')}: {content.get('evalue')}"
-            elif mtype == "status" and content.get("execution_state") == "idle":
-                idle = True
+            idle = _take_output(msg["msg_type"], msg["content"], parts, res)
             if not idle:  # stay responsive to the timeout (and the kill) while output streams
                 watch()
-        exprs: dict = {}
-        try:
-            reply = kc.get_shell_msg(timeout=5)
-            while reply.get("parent_header", {}).get("msg_id") != msg_id:
-                reply = kc.get_shell_msg(timeout=5)
-            content = reply["content"]
-            exprs = content.get("user_expressions") or {}
-            if content.get("status") == "error" and res.error is None:
-                # the cell failed but its error message never came (a cell can break the
-                # kernel's error display): report it from the reply
-                res.error = f"{content.get('ename')}: {content.get('evalue')}"
-                parts.append(res.error + "\n")
-        except queue.Empty:
-            pass
+        exprs = _shell_reply(kc, msg_id, parts, res)
         res.output = clean_text("".join(parts))
         if res.error is not None:
             res.error = clean_text(res.error)
@@ -507,426 +482,36 @@ class Kernel:
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
 
 
-def _wait_for_ready(km: Launched, kc, timeout: float) -> None:
-    """Wait until the kernel answers ``kernel_info`` on its shell channel and its IOPub channel
-    delivers (a kernel's first IOPub messages are lost until the subscription is made); the
-    public client calls of jupyter_client's ``wait_for_ready``, without its last step: it then
-    waits for 0.2 s of IOPub silence, which delayed every kernel start by at least 0.2 s. A
-    leftover IOPub message is harmless here: :meth:`Kernel.execute` reads only its own cell's.
-
-    Raises:
-        RuntimeError: the kernel died, or did not answer within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        kc.kernel_info()
-        try:
-            reply = kc.get_shell_msg(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-        except queue.Empty:
-            reply = None
-        if reply is not None and reply.get("msg_type") == "kernel_info_reply":
-            try:
-                kc.get_iopub_msg(timeout=0.2)  # its status messages: IOPub is connected
-                return
-            except queue.Empty:
-                pass  # not subscribed yet: ask again
-        if not km.is_alive():
-            raise RuntimeError("Kernel died before replying to kernel_info")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
-
-
-def _stop(km: Launched, tag: str) -> None:
-    """Shut a kernel down at once, with every process it started. Never raises.
-
-    The supervisor is asked first (SIGTERM: it kills the kernel and all its descendants,
-    which may have left its process group); it is waited for without being reaped, so
-    its process group id cannot be reused before the group is killed and the process reaped.
-    If the supervisor was already gone (killed before it could clean up), every process
-    still carrying the kernel's ``tag`` is killed (:func:`kernels.sandbox.kill_tagged`).
-
-    Then (the supervisor exited, or there is none, or it did not exit in time): SIGKILL to the
-    kernel's process group, reap (:func:`_reap`), and ``cleanup_resources()`` (connection and
-    IPC files).
-    """
-    _kill(km, tag)
-    proc = _process(km)
-    if proc is not None:
-        _reap(proc)
-    km.cleanup_resources()
-
-
-def _kill(km: Launched, tag: str, *, direct: bool = False) -> None:
-    """The process part of :func:`_stop`: end the kernel's processes, leave its client (its
-    sockets, its ZeroMQ context) alone. Never raises. ``direct``: without a supervisor, kill
-    the kernel process itself (else :func:`_stop` leaves that to :func:`_reap`)."""
-    proc = _process(km)
-    if proc is None:
-        return
-    if not sandbox.supervisor_available():
-        if direct:
-            try:
-                proc.kill()
-            except OSError:
-                pass
-    elif proc.poll() is not None:
-        if proc.returncode < 0 and tag:  # the supervisor was killed: it could not clean up
-            sandbox.kill_tagged(tag)
-    else:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            _wait_exit(proc.pid, 10.0)
-        except (OSError, ChildProcessError):
-            pass
-
-
-def _wait_exit(pid: int, limit: float) -> bool:
-    """Wait up to ``limit`` seconds for child ``pid`` to exit, without reaping it: on a pidfd
-    (Linux 5.3+: woken at the exit) else by polling every 5 ms. Returns whether it exited.
-    Raises OSError, ChildProcessError (not our child)."""
-    deadline = time.monotonic() + limit
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = -1
-    try:
-        while not _exited(pid):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if fd >= 0:
-                select.select([fd], [], [], left)
-            else:
-                time.sleep(0.005)
+def _take_output(mtype: str, content: dict, parts: list[str], res: CellResult) -> bool:
+    """Add one IOPub message of the running cell to its output ``parts`` (and ``res.error``);
+    True once the kernel reports the cell done (``status: idle``)."""
+    if mtype == "stream":
+        parts.append(content.get("text", ""))
+    elif mtype in ("execute_result", "display_data"):
+        data = content.get("data", {})
+        if "text/plain" in data:
+            parts.append(data["text/plain"] + "\n")
+    elif mtype == "error":
+        tb = "\n".join(content.get("traceback") or [])
+        parts.append(_ANSI.sub("", tb) + "\n")
+        res.error = f"{content.get('ename')}: {content.get('evalue')}"
+    elif mtype == "status" and content.get("execution_state") == "idle":
         return True
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    return False
 
 
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited (it is not reaped here). Raises ChildProcessError (not
-    our child)."""
-    return bool(os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT))
-
-
-def _process(km: "Launched | None"):
-    """The kernel's top process (its supervisor on Linux), a ``subprocess.Popen``; None before
-    the launch."""
-    return km.process if km is not None else None
-
-
-def _reap(proc) -> None:
-    """After supervisor ``proc`` exited: SIGKILL what is left of its process group while its id
-    is still ours (not reaped yet; as jupyter_client's kill does), reap it, close its pipes.
-    Never raises."""
-    if proc.returncode is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+def _shell_reply(kc, msg_id: str, parts: list[str], res: CellResult) -> dict:
+    """The cell's execute reply: its ``user_expressions`` ({} when the reply does not come in
+    5 s). A failed cell whose error message never came (a cell can break the kernel's error
+    display) is reported from the reply."""
     try:
-        proc.wait(timeout=10)
-    except Exception:
-        pass
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-
-def _end(km: "Launched | None", kc, tag: str, workdir: str) -> None:
-    """The end of :meth:`Kernel.shutdown`, on the thread that used the client: close its
-    channels, :func:`_stop` the kernel, remove ``workdir`` (our own temporary directory; ""
-    for none). Never raises."""
-    if kc is not None:
-        try:
-            kc.stop_channels()
-        except Exception:
-            pass
-    if km is not None:
-        _stop(km, tag)
-    if workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-class Pending:
-    """A kernel starting on a daemon thread of its own, from the moment this is made.
-
-    Args:
-        kernel: the (not yet started) :class:`Kernel`; a new one when None.
-
-    Attributes:
-        kernel: the kernel. done: an Event set once :meth:`Kernel.start` returned or raised.
-        error: the exception the start raised (None: started, or not done yet).
-    """
-
-    def __init__(self, kernel: Kernel | None = None, launch_here: bool = False) -> None:
-        self.kernel = kernel or Kernel()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        km = None
-        if launch_here and START_GATE.enter(wait=False):
-            # launch the process on the caller's thread, before its next imports: ~0.15 s
-            # earlier than a thread sharing the interpreter with them would
-            try:
-                km = self.kernel._launch()
-            except Exception as exc:
-                START_GATE.leave()
-                self.error = exc
-                self.done.set()
-                return
-            except BaseException:  # Ctrl-C while launching: it is the caller's, not the start's
-                START_GATE.leave()
-                self.done.set()
-                self.kernel.shutdown()
-                raise
-        threading.Thread(target=self._run, args=(km,), daemon=True,
-                         name="rlm-kernel-start").start()
-
-    def _run(self, km: "Launched | None") -> None:
-        try:
-            if km is None:
-                self.kernel.start()
-            else:
-                try:
-                    self.kernel._ready(km)
-                finally:
-                    START_GATE.leave()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-_head: list[Pending] = []
-_head_lock = threading.Lock()
-
-#: Idle kernels a run keeps ready for its children when it may start any (``max_depth >= 2``).
-DEFAULT_POOL_SIZE = 2
-
-
-def pool_size_for(max_depth: int, pool_size: int | None = None) -> int:
-    """Idle kernels (int) a run of ``max_depth`` keeps: ``pool_size`` when given, else
-    :data:`DEFAULT_POOL_SIZE` when its children get kernels (``max_depth >= 2``), else 0."""
-    if pool_size is not None:
-        return max(0, int(pool_size))
-    return DEFAULT_POOL_SIZE if max_depth >= 2 else 0
-
-
-def head_start(kernels: int = 1) -> Pending:
-    """Start ``kernels`` kernels now (at least 1), before the run that needs them exists; the
-    ones already pending count (so a second call starts nothing more).
-
-    A process that is about to run an RLM calls this as early as it can, with the root's kernel
-    plus its pool's (``1 + pool_size_for(max_depth, pool_size)``): the first kernel's process
-    is launched before this returns (when a start place is free, else on a thread), the others
-    on threads, through :data:`START_GATE` like every start; their cold starts (~0.6 s each, in
-    their own processes) then overlap the host's own imports and set-up, and a child started by
-    the root's first cell finds a pool kernel ready. The next :class:`KernelPool` made with
-    ``head=take_head_start()`` adopts them all; the ones nobody adopts are shut down by
-    :func:`drop_head_start` (or when this process exits: their supervisors see the host gone).
-    Hides the start-up secrets first (:func:`kernels.secrets.hide_startup_secrets`), as every
-    kernel start must.
-
-    Returns:
-        the first :class:`Pending` start (errors surface in the pool that adopts it).
-    """
-    from kernels.secrets import hide_startup_secrets
-    hide_startup_secrets()
-    with _head_lock:
-        while len(_head) < max(1, int(kernels)):
-            _head.append(Pending(launch_here=not _head))
-        return _head[0]
-
-
-def take_head_start() -> list[Pending]:
-    """The kernels :func:`head_start` started and nobody took yet (``[]`` if none), the root's
-    first; the caller owns them from now on."""
-    global _head
-    with _head_lock:
-        heads, _head = _head, []
-    return heads
-
-
-def drop_head_start() -> None:
-    """Shut down the kernels :func:`head_start` started, if nobody took them. Never blocks: a
-    kernel still starting stops once it is up. Never raises."""
-    for head in take_head_start():
-        head.kernel.shutdown()
-
-
-class KernelPool:
-    """Pre-started clean kernels, so an RLM (a child especially) starts in milliseconds.
-
-    A kernel leaves the pool once and is never returned: it is shut down when
-    its RLM instance ends, so no state is ever shared between instances. The
-    pool refills in background threads, each start through :data:`START_GATE` (so no more
-    kernels start at once than the machine has cores). ``size=0`` keeps no idle kernels.
-
-    :meth:`acquire` takes a ready kernel; when none is ready but one is starting (and no
-    other caller waits for it) it waits for the first one ready; only otherwise does it start
-    one cold. :attr:`started` counts every kernel the pool started, including the ones it shut
-    down unused.
-
-    Args:
-        size: idle kernels to keep ready (int >= 0).
-        head: kernels already starting (:func:`take_head_start`: a list of :class:`Pending`,
-            or one) to adopt: they count towards ``size`` and in :attr:`started`; the first
-            ready is the first :meth:`acquire`'s.
-    """
-
-    def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None) -> None:
-        self.size = max(0, int(size))
-        self._ready: list[Kernel] = []
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
-        self._starting = 0  # kernels starting for the pool (not cold ones)
-        self._waiting = 0  # acquire() calls waiting for one of them
-        self._closed = False
-        #: kernels started over the pool's life: pool, adopted and cold ones, used or not (int)
-        self.started = 0
-        self._live: set[Kernel] = set()
-        self._reaping: list[threading.Thread] = []  # released kernels' processes being reaped
-        heads = [] if head is None else [head] if isinstance(head, Pending) else list(head)
-        for h in heads:
-            with self._lock:
-                self._starting += 1
-                self.started += 1
-                self._live.add(h.kernel)
-            threading.Thread(target=self._adopt, args=(h,), daemon=True,
-                             name="rlm-pool").start()
-        self._fill()
-
-    def _fill(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            need = max(0, self.size - len(self._ready) - (self._starting - self._waiting))
-            self._starting += need
-            self.started += need
-            kernels = [Kernel() for _ in range(need)]
-            self._live.update(kernels)
-        for k in kernels:
-            threading.Thread(target=self._start_one, args=(k,), daemon=True,
-                             name="rlm-pool").start()
-
-    def _start_one(self, k: Kernel) -> None:
-        try:
-            k.start()
-        except Exception:
-            self._started_one(k, ok=False)
-            return
-        self._started_one(k, ok=True)
-
-    def _adopt(self, head: Pending) -> None:
-        head.done.wait()
-        self._started_one(head.kernel, ok=head.error is None)
-
-    def _started_one(self, k: Kernel, ok: bool) -> None:
-        with self._cv:
-            self._starting -= 1
-            keep = ok and not self._closed
-            if keep:
-                self._ready.append(k)
-            self._cv.notify_all()  # a waiter takes it, or (a failed start) starts its own
-        if not keep:
-            self._drop(k)
-
-    def _new(self) -> Kernel:
-        k = Kernel()
-        with self._lock:
-            self._live.add(k)
-            self.started += 1
-        try:
-            return k.start()
-        except Exception:
-            self._drop(k)
-            raise
-
-    def _drop(self, k: Kernel) -> None:
-        with self._lock:
-            self._live.discard(k)
-        k.shutdown()
-
-    def _take(self) -> Kernel | None:
-        """A ready kernel that is alive, waiting for a starting one if no other caller
-        waits for it; None when a cold start is the way (nothing ready or claimable)."""
-        with self._cv:
-            claimed = False
-            try:
-                while True:
-                    while self._ready:
-                        k = self._ready.pop(0)
-                        if k.is_alive():
-                            return k
-                        self._live.discard(k)
-                        threading.Thread(target=k.shutdown, daemon=True).start()
-                    if self._closed:
-                        return None
-                    if not claimed:
-                        if self._starting <= self._waiting:
-                            return None  # every starting kernel is someone else's
-                        claimed = True
-                        self._waiting += 1
-                    elif self._starting < self._waiting:
-                        return None  # a start failed: not enough left for every waiter
-                    self._cv.wait(0.5)
-            finally:
-                if claimed:
-                    self._waiting -= 1
-
-    def acquire(self) -> Kernel:
-        """A started kernel that no RLM has used: a ready pool kernel; else the first pool
-        kernel to be ready if one is starting for no other caller; else a cold start.
-
-        Returns:
-            the :class:`Kernel` (the caller gives it back with :meth:`release`).
-        Raises:
-            RuntimeError: a cold start failed (see :meth:`Kernel.start`).
-        """
-        k = self._take()
-        if k is None:
-            k = self._new()
-        self._fill()
-        return k
-
-    def release(self, k: Kernel) -> None:
-        """Shut ``k`` down (kernels are never reused). Never raises.
-
-        The caller waits only for the part of the shutdown that uses ZeroMQ (about 2 ms, see
-        :meth:`Kernel.begin_shutdown`); waiting for the processes to exit (about 10 ms) and
-        removing the kernel's directory happen on a thread of the pool, which :meth:`close`
-        waits for.
-        """
-        with self._lock:
-            self._live.discard(k)
-        finish = k.begin_shutdown()
-        if finish is None:
-            return
-        with self._lock:
-            if not self._closed:  # else close() may be past its join: finish here
-                t = threading.Thread(target=finish, daemon=True, name="rlm-kernel-reap")
-                t.start()  # before close() can see it (a thread not started cannot be joined)
-                self._reaping = [x for x in self._reaping if x.is_alive()]
-                self._reaping.append(t)
-                return
-        finish()
-
-    def close(self) -> None:
-        """Shut down every kernel this pool started that is still alive; a kernel still
-        starting stops once it is up. Returns when every started one is gone, released ones
-        included. Idempotent."""
-        with self._cv:
-            self._closed = True
-            live = list(self._live)
-            self._live.clear()
-            reaping, self._reaping = self._reaping, []
-            self._cv.notify_all()
-        threads = [threading.Thread(target=k.shutdown, daemon=True) for k in live]
-        for t in threads:
-            t.start()
-        for t in threads + reaping:
-            t.join(timeout=10)
+        reply = kc.get_shell_msg(timeout=5)
+        while reply.get("parent_header", {}).get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=5)
+    except queue.Empty:
+        return {}
+    content = reply["content"]
+    if content.get("status") == "error" and res.error is None:
+        res.error = f"{content.get('ename')}: {content.get('evalue')}"
+        parts.append(res.error + "\n")
+    return content.get("user_expressions") or {}

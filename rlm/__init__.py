@@ -15,7 +15,7 @@ __all__ = ["completion", "plain_completion", "acompletion", "RLM", "AsyncRLM", "
            "RLMError", "ConfigError",
            "ContextError", "EndpointError", "ModelReplyError", "KernelError", "ChildRLMError",
            "DivergenceError", "RunActiveError", "EmbeddedModelUnavailable"]
-__version__ = "0.1.0"
+from rlm.version import __version__  # noqa: E402,F401
 
 # name -> the module that defines it
 _LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
@@ -27,30 +27,20 @@ _LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
              "EmbeddedModelUnavailable")}}
 
 
-def _kernels_ahead(options: dict) -> int:
-    """Kernels (int) to start ahead of a run given these options (``max_depth``, ``pool_size``):
-    the root's, plus its pool's when its children get kernels. A value that is not a plain int
-    counts as its default (the run's own validation reports it)."""
-    from kernels.kernel import pool_size_for
-
-    def _int(name: str, default: Any) -> Any:
-        value = options.get(name, default)
-        return value if isinstance(value, int) and not isinstance(value, bool) else default
-    return 1 + pool_size_for(_int("max_depth", 1), _int("pool_size", None))
-
-
 def completion(context: Any, query: str | None = None, **options: Any):
     """Run one RLM: ``context`` (str/list/dict, or ``Path``/paths/``"-"``), optional ``query``.
 
     Same options as :class:`RLM`; returns a :class:`Result`. An embedded model server started
     for this call is stopped before it returns. See :meth:`RLM.completion` for errors.
 
-    The root's kernel starts first thing (:func:`kernels.kernel.head_start`), so its cold
+    The root's kernel starts first thing (:func:`kernels.pool.head_start`), so its cold
     start (~0.6 s) overlaps the imports and the set-up of the run; if the run needs no kernel
     after all (a recorded result, bad options) it is shut down.
     """
-    from kernels.kernel import drop_head_start, head_start
-    head_start(_kernels_ahead(options))
+    from kernels.pool import drop_head_start, head_start
+
+    from rlm.config.ahead import kernels_ahead
+    head_start(kernels_ahead(options))
     try:
         from rlm.api import completion as run
         return run(context, query, **options)

@@ -24,6 +24,7 @@ from rlm.config.options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, ex
 from rlm.config.records import find_run, open_journal, spec_options, stored_context, stored_source
 from rlm.result import Result
 from rlm.config.build import build_options, context_options, replay_options, resume_options
+from rlm.core.hooks import RunHooks
 from rlm.core.drive import drive
 from rlm.core.schema import normalize_options
 
@@ -88,8 +89,8 @@ class RLM:
         self.close()
 
     # runs ------------------------------------------------------------------------
-    def _options(self, o: dict, journal) -> Options:
-        return build_options(o, self._endpoint(o), journal)
+    def _options(self, o: dict) -> Options:
+        return build_options(o, self._endpoint(o))
 
     def completion(self, context: Any, query: str | None = None, **overrides: Any) -> Result:
         """Run one RLM over ``context``: str, list, dict, or to load: a ``Path`` (a file, a
@@ -130,11 +131,11 @@ class RLM:
     def _run(self, context: Any, query: str | None, overrides: dict, *, plain: bool) -> Result:
         if plain:
             return self._run_now(context, query, overrides, plain=True)
-        from kernels.kernel import drop_head_start, head_start
+        from kernels.pool import drop_head_start, head_start
 
-        from rlm import _kernels_ahead
+        from rlm.config.ahead import kernels_ahead
         # the root's kernel (and its pool's) start now, overlapping the set-up below
-        head_start(_kernels_ahead({**self.options, **overrides}))
+        head_start(kernels_ahead({**self.options, **overrides}))
         try:
             return self._run_now(context, query, overrides, plain=False)
         finally:
@@ -170,16 +171,18 @@ class RLM:
                     if recorded is None:
                         ctx.discard()
                         return Result.from_record(rec)
-            opts = self._options(o, journal)
+            opts = self._options(o)
         except BaseException:
             ctx.discard()
             if recorded is not None:  # claimed, never started: resumable again at once
                 journal.release_run(rec)
             raise
+        hooks = RunHooks.from_options(o, journal)
         if not plain:
-            return drive(opts, ctx, query, run_id=run_id, recorded=recorded)
+            return drive(opts, ctx, query, hooks=hooks, run_id=run_id, recorded=recorded)
         try:  # no loop owns the context file: discard it here
-            return drive(opts, ctx, None, run_id=run_id, recorded=recorded, plain=True)
+            return drive(opts, ctx, None, hooks=hooks, run_id=run_id, recorded=recorded,
+                         plain=True)
         finally:
             ctx.discard()
 
@@ -204,10 +207,10 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
         replay_target(rec)
         ctx = stored_context(rec, context, encoding)
         opts = replay_options(rec)
-        opts.on_progress = on_progress
         plain = bool((rec.get("options") or {}).get("plain"))
         try:
-            res = drive(opts, ctx, rec.get("query") or None, run_id=run_id,
+            res = drive(opts, ctx, rec.get("query") or None,
+                        hooks=RunHooks(on_progress=on_progress), run_id=run_id,
                         recorded=Replay(j, run_id, strict=True), record=False, plain=plain)
         finally:
             if plain:

@@ -45,9 +45,11 @@ import time
 import uuid
 from typing import Any
 
+from harness.budget.caps import CAP_BY_NAME
+
 from rlm.aio import AsyncRLM, safe_listener
 from rlm.errors import ConfigError, ContextError, EndpointError, RLMError
-from rlm.config.options import OPTION_NAMES
+from rlm.config.options import OPTION_NAMES, SERVE
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
 
@@ -58,8 +60,6 @@ REMOTE_OPTIONS = frozenset({
     "max_completion_tokens", "sub_max_tokens", "sub_prompt_chars", "temperature",
 }) & OPTION_NAMES
 
-#: Status and error code of a run that ended without completing, by budget cap.
-CAP_STATUS = {"wall": 504}
 
 
 class APIError(Exception):
@@ -200,7 +200,8 @@ def _check_result(res: Any) -> None:
     if res.status == "completed":
         return
     if res.status == "budget_exceeded":
-        status = CAP_STATUS.get(res.cap or "", 402)
+        cap = CAP_BY_NAME.get(res.cap or "")
+        status = cap.http_status if cap is not None else 402
         raise APIError(status, f"the run stopped at its {res.cap} cap: {res.reason}",
                        "budget_exceeded", code=res.cap, run_id=res.run_id,
                        partial_answer=res.answer)
@@ -275,72 +276,97 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
         model_name: the upstream model shown by ``/v1/models`` (default ``options["model"]``).
     """
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    options = dict(options or {})
-    runner = AsyncRLM(**options)
-    slots = _Slots(max(1, int(max_concurrent_runs)))
-    upstream = model_name or options.get("model")
+    server = _Server(dict(options or {}), api_key, max_concurrent_runs, model_name)
+    app = Starlette(routes=[Route("/v1/models", server.models, methods=["GET"]),
+                            Route("/v1/chat/completions", server.chat, methods=["POST"]),
+                            Route("/{path:path}", server.not_found, methods=["GET", "POST"])])
+    app.state.runner = server.runner
+    return app
 
-    def error_response(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body, status_code=err.status, headers=err.headers)
 
-    def authorize(request) -> None:
-        if api_key is None:
+def _error_response(err: APIError):
+    from starlette.responses import JSONResponse
+    return JSONResponse(err.body, status_code=err.status, headers=err.headers)
+
+
+def _read_json(raw: bytes) -> Any:
+    """The request body as JSON; an :class:`APIError` 400 when it is not (or nests too deep)."""
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise APIError(400, "the request body nests JSON arrays or objects too deeply "
+                       "to read") from None
+
+
+class _Server:
+    """The routes of one ``rlm serve`` app: its runner, run slots, client key and model name."""
+
+    def __init__(self, options: dict, api_key: str | None, max_concurrent_runs: int,
+                 model_name: str | None) -> None:
+        self.runner = AsyncRLM(**options)
+        self.slots = _Slots(max(1, int(max_concurrent_runs)))
+        self.api_key = api_key
+        self.upstream = model_name or options.get("model")
+
+    def authorize(self, request) -> None:
+        """Raise a 401 :class:`APIError` unless the request carries the server's key."""
+        if self.api_key is None:
             return
         got = request.headers.get("authorization", "")
         token = got[7:].strip() if got[:7].lower() == "bearer " else ""
-        if not token or not hmac.compare_digest(token.encode(), api_key.encode()):
+        if not token or not hmac.compare_digest(token.encode(), self.api_key.encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                            "invalid_request_error", code="invalid_api_key")
 
-    async def models(request):
+    async def models(self, request):
+        """``GET /v1/models``: ``rlm`` and ``rlm/<upstream model>``."""
+        from starlette.responses import JSONResponse
         try:
-            authorize(request)
+            self.authorize(request)
         except APIError as err:
-            return error_response(err)
+            return _error_response(err)
         data = [{"id": "rlm", "object": "model", "created": 0, "owned_by": "rlm"}]
-        if upstream:
-            data.append({"id": f"rlm/{upstream}", "object": "model", "created": 0,
+        if self.upstream:
+            data.append({"id": f"rlm/{self.upstream}", "object": "model", "created": 0,
                          "owned_by": "rlm"})
         return JSONResponse({"object": "list", "data": data})
 
-    async def chat(request):
+    async def chat(self, request):
+        """``POST /v1/chat/completions``: one RLM run (streamed when the body asks)."""
+        from starlette.responses import JSONResponse, StreamingResponse
         try:
-            authorize(request)
-            raw = await request.body()
-            try:
-                body = json.loads(raw)
-            except ValueError as exc:
-                raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-            except RecursionError:  # arrays or objects nested thousands deep
-                raise APIError(400, "the request body nests JSON arrays or objects too deeply "
-                               "to read") from None
-            context, query, opts = request_options(body, upstream)
+            self.authorize(request)
+            body = _read_json(await request.body())
+            context, query, opts = request_options(body, self.upstream)
             run_id = _run_id(request.headers.get("idempotency-key"))
             stream = bool(body.get("stream"))
-            if not slots.take():
-                raise APIError(429, f"all {slots.n} run slots are busy; retry later",
+            if not self.slots.take():
+                raise APIError(429, f"all {self.slots.n} run slots are busy; retry later",
                                "rate_limit_error", code="rate_limit_exceeded",
                                headers={"Retry-After": "1"})
         except APIError as err:
-            return error_response(err)
+            return _error_response(err)
         model = str(body.get("model") or "rlm")
         if stream:
-            return StreamingResponse(_stream(context, query, opts, run_id, model),
+            return StreamingResponse(self.stream(context, query, opts, run_id, model),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            res = await runner.completion(context, query, run_id=run_id, **opts)
+            res = await self.runner.completion(context, query, run_id=run_id, **opts)
             _check_result(res)
             return JSONResponse(_completion_body(res, model))
         except Exception as exc:  # noqa: BLE001 - every failure is an error response
-            return error_response(_error_of(exc))
+            return _error_response(_error_of(exc))
         finally:
-            slots.give()
+            self.slots.give()
 
-    async def _stream(context, query, opts, run_id, model):
+    async def stream(self, context, query, opts: dict, run_id: str, model: str):
+        """The Server-Sent Events of one run: stage events as they happen, then the answer, the
+        usage and ``[DONE]``; a client that goes away cancels the run."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -349,29 +375,12 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
                 loop.call_soon_threadsafe(events.put_nowait, _stage_event(ev))
 
         listeners = [*(opts.pop("listeners", None) or ()), safe_listener(on_event)]
-        task = asyncio.ensure_future(runner.completion(context, query, run_id=run_id,
-                                                       listeners=listeners, **opts))
+        task = asyncio.ensure_future(self.runner.completion(context, query, run_id=run_id,
+                                                            listeners=listeners, **opts))
         try:
             yield _chunk(run_id, model, {"role": "assistant", "content": ""})
-            while True:
-                getter = asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield _chunk(run_id, model, {}, rlm_event=getter.result())
-                    continue
-                getter.cancel()
-                break
-            while not events.empty():
-                yield _chunk(run_id, model, {}, rlm_event=events.get_nowait())
-            try:
-                res = task.result()
-                _check_result(res)
-            except Exception as exc:  # noqa: BLE001 - sent as the stream's error event
-                yield f"data: {json.dumps(_error_of(exc).body)}\n\n"
-                return
-            yield _chunk(run_id, model, {"content": res.answer})
-            yield _chunk(run_id, model, {}, "stop", usage=_usage(res), rlm=_rlm_info(res))
-            yield "data: [DONE]\n\n"
+            async for chunk in _relay(task, events, run_id, model):
+                yield chunk
         finally:
             if not task.done():  # the client went away: cancel the run
                 task.cancel()
@@ -379,17 +388,36 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
                     await task
                 except BaseException:  # noqa: BLE001
                     pass
-            slots.give()
+            self.slots.give()
 
-    async def not_found(request):
-        return error_response(APIError(404, f"no route {request.method} {request.url.path}",
-                                       code="not_found"))
+    async def not_found(self, request):
+        """Any other route: a 404 in the protocol's error shape."""
+        return _error_response(APIError(404, f"no route {request.method} {request.url.path}",
+                                        code="not_found"))
 
-    app = Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
-                            Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/{path:path}", not_found, methods=["GET", "POST"])])
-    app.state.runner = runner
-    return app
+
+async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, model: str):
+    """The chunks of a streamed run after its first: each stage event while ``task`` runs, the
+    ones left when it ends, then its answer and usage (or its error event) and ``[DONE]``."""
+    while True:
+        getter = asyncio.ensure_future(events.get())
+        done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield _chunk(run_id, model, {}, rlm_event=getter.result())
+            continue
+        getter.cancel()
+        break
+    while not events.empty():
+        yield _chunk(run_id, model, {}, rlm_event=events.get_nowait())
+    try:
+        res = task.result()
+        _check_result(res)
+    except Exception as exc:  # noqa: BLE001 - sent as the stream's error event
+        yield f"data: {json.dumps(_error_of(exc).body)}\n\n"
+        return
+    yield _chunk(run_id, model, {"content": res.answer})
+    yield _chunk(run_id, model, {}, "stop", usage=_usage(res), rlm=_rlm_info(res))
+    yield "data: [DONE]\n\n"
 
 
 def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000,
@@ -481,10 +509,13 @@ def _check_prices_at_start(o: dict) -> None:
 
 
 def add_arguments(p: Any) -> None:
-    """The flags of ``rlm serve`` (the server's own, the upstream endpoint, run defaults)."""
+    """The flags of ``rlm serve``: the server's own (address, client key, run slots, the upstream
+    key), then the run defaults and the journal from the option registry
+    (:data:`rlm.config.options.SERVE_OPTIONS`), as ``rlm run`` declares them."""
+    from rlm.config.argtypes import whole_number
+    from rlm.config.flags import add_arguments as add_registry_flags
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "anything but loopback needs --api-key)")
-    from rlm.cli.main import whole_number
     p.add_argument("--port", type=whole_number(0, 65535, "a TCP port"), default=8000,
                    help="TCP port, 0-65535 (default 8000; 0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
@@ -492,39 +523,34 @@ def add_arguments(p: Any) -> None:
                         "(env RLM_SERVE_API_KEY)")
     p.add_argument("--max-concurrent-runs", type=whole_number(1), default=4, metavar="N",
                    help="runs at once; further requests get 429 with Retry-After (default 4)")
-    up = p.add_argument_group("the model endpoint the runs use (default: the embedded model)")
-    up.add_argument("--base-url", metavar="URL", help="OpenAI-compatible base URL "
-                    "(env OPENAI_BASE_URL)")
-    up.add_argument("--upstream-api-key", metavar="KEY",
-                    help="API key of that endpoint (env OPENAI_API_KEY)")
-    up.add_argument("--model", metavar="NAME", help="the model 'rlm' stands for (env RLM_MODEL)")
-    up.add_argument("--sub-model", metavar="NAME")
-    up.add_argument("--child-model", metavar="NAME")
-    up.add_argument("--embedded-model", metavar="NAME")
-    d = p.add_argument_group("run defaults (a request may override them in its 'rlm' object)")
-    d.add_argument("--max-depth", type=int, metavar="N")
-    d.add_argument("--max-iterations", type=int, metavar="N")
-    d.add_argument("--max-cost", dest="max_cost_usd", type=float, metavar="USD")
-    d.add_argument("--timeout", dest="max_wall_seconds", type=float, metavar="S")
-    d.add_argument("--price-file", metavar="PATH",
-                   help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}} for the '
-                        "cost caps (--max-cost, or a request's max_cost_usd)")
-    p.add_argument("--journal", metavar="PATH", help="journal file (env RLM_JOURNAL); "
-                   "Idempotency-Key needs one")
+    p.add_argument("--upstream-api-key", metavar="KEY",
+                   help="API key of the model endpoint the runs use (env OPENAI_API_KEY)")
+    add_registry_flags(p, SERVE)
 
 
 def main(args: Any) -> int:
-    """``rlm serve``: serve until Ctrl-C; returns the exit code."""
-    names = ("base_url", "model", "sub_model", "child_model", "embedded_model", "max_depth",
-             "max_iterations", "max_cost_usd", "max_wall_seconds", "journal", "price_file")
-    o = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    """``rlm serve``: serve until Ctrl-C; returns the exit code. The journal is opened here,
+    once, and shared by every run (a :class:`harness.journal.Journal` is safe across threads).
+
+    Raises:
+        ConfigError: a bad option, an unpriced model under a cost cap, an unreachable journal.
+    """
+    from rlm.config.flags import options_from_args
+    from rlm.config.options import validate_options
+    from rlm.config.records import open_journal
+    o = options_from_args(args, SERVE)
     if args.upstream_api_key:
         o["api_key"] = args.upstream_api_key
     if o.get("price_file"):  # the runs read it from wherever they run
         o["price_file"] = os.path.abspath(os.path.expanduser(o["price_file"]))
-    from rlm.config.options import validate_options
     validate_options(o)
     _check_prices_at_start(o)
-    run(o, host=args.host, port=args.port, api_key=args.api_key,
-        max_concurrent_runs=args.max_concurrent_runs)
+    journal = open_journal(o.get("journal"))
+    o["journal"] = journal if journal is not None else False
+    try:
+        run(o, host=args.host, port=args.port, api_key=args.api_key,
+            max_concurrent_runs=args.max_concurrent_runs)
+    finally:
+        if journal is not None:
+            journal.close()
     return 0

@@ -269,3 +269,9 @@ def pg_url(pg_server, request) -> str:
     other's runs."""
     from evals.pg_server import fresh_schema
     return fresh_schema(pg_server, prefix=request.node.name)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``last`` run after every other one, in their own order (the verify-all pass
+    reads every journal the rest of the suite wrote); the sort is stable, so the rest keep theirs."""
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)

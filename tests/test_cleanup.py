@@ -143,14 +143,15 @@ def test_a_kernel_stopped_by_its_host_leaves_no_directory_even_if_the_host_stops
     """The supervisor removes the kernel's temporary directory when told to stop (SIGTERM, as
     a shutdown sends it): a host interrupted again in the middle of its shutdown, which then
     never removes it, left the directory with the context's copy in it."""
-    from kernels.kernel import Kernel, _wait_exit
+    from kernels.kernel import Kernel
+    from kernels.process import wait_exit
     k = Kernel().start()
     try:
         k.execute("open('context-copy.txt', 'w').write('x')")
         workdir, pid = k.workdir, k.pid
         assert os.path.isdir(workdir)
         os.kill(pid, signal.SIGTERM)  # what shutdown sends; the host removes nothing itself
-        _wait_exit(pid, 10.0)
+        wait_exit(pid, 10.0)
         assert not os.path.exists(workdir)
     finally:
         k.shutdown()

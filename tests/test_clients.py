@@ -12,7 +12,7 @@ import pytest
 import rlm
 from conftest import API_KEY, MODEL, Reply, closed_port, last_user, repl, script
 from harness.journal import Journal
-from rlm.models.openai_compat import ModelClient
+from rlm.models.openai_compat import OpenAICompatClient
 
 MSGS = [{"role": "user", "content": "hello"}]
 
@@ -35,13 +35,13 @@ class Flaky:
         return self.then(req) if callable(self.then) else self.then
 
 
-# --------------------------------------------------------------------------- ModelClient
+# --------------------------------------------------------------------------- OpenAICompatClient
 
 
 def test_a_call_carries_the_key_the_call_id_and_the_parameters(scripted):
     # the request goes out through the openai client's post(): auth and headers as create()'s
     srv = scripted(lambda req: "hi")
-    c = ModelClient(srv.base_url, "sk-test-key")
+    c = OpenAICompatClient(srv.base_url, "sk-test-key")
     comp = c.complete(MSGS, "gpt-4o", max_tokens=7, temperature=0.25, stop=["END"],
                       call_id="run1/iteration-0/model_call-0", timeout=30)
     assert comp.text == "hi"
@@ -56,7 +56,7 @@ def test_a_call_carries_the_key_the_call_id_and_the_parameters(scripted):
 def test_429_with_retry_after_is_retried_and_honoured(scripted):
     flaky = Flaky(2, Reply(status=429, content="slow down", headers={"Retry-After": "0.4"}), "hi")
     srv = scripted(flaky)
-    comp = ModelClient(srv.base_url, API_KEY, max_attempts=4).complete(MSGS, MODEL)
+    comp = OpenAICompatClient(srv.base_url, API_KEY, max_attempts=4).complete(MSGS, MODEL)
     assert comp.text == "hi"
     assert srv.count == 3
     gaps = [b - a for a, b in zip(flaky.arrivals, flaky.arrivals[1:])]
@@ -68,7 +68,7 @@ def test_429_with_retry_after_is_retried_and_honoured(scripted):
 def test_retry_after_ms_header(scripted):
     flaky = Flaky(1, Reply(status=429, headers={"retry-after-ms": "300"}), "ok")
     srv = scripted(flaky)
-    comp = ModelClient(srv.base_url, API_KEY, max_attempts=2).complete(MSGS, MODEL)
+    comp = OpenAICompatClient(srv.base_url, API_KEY, max_attempts=2).complete(MSGS, MODEL)
     assert comp.text == "ok" and srv.count == 2
     assert flaky.arrivals[1] - flaky.arrivals[0] >= 0.28
 
@@ -76,14 +76,14 @@ def test_retry_after_ms_header(scripted):
 @pytest.mark.parametrize("status", [500, 502, 503])
 def test_5xx_is_retried(scripted, status):
     srv = scripted(Flaky(1, Reply(status=status, headers={"Retry-After": "0"}), "fine"))
-    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    comp = OpenAICompatClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
     assert comp.text == "fine" and srv.count == 2 and len(comp.attempts) == 2
 
 
 def test_persistent_5xx_gives_up_after_max_attempts(scripted):
     srv = scripted(lambda req: Reply(status=503, content="overloaded", headers={"Retry-After": "0"}))
     with pytest.raises(rlm.EndpointError) as ei:
-        ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+        OpenAICompatClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
     assert srv.count == 3
     msg = str(ei.value)
     assert "503" in msg and "3 attempt" in msg and srv.base_url in msg
@@ -93,7 +93,7 @@ def test_persistent_5xx_gives_up_after_max_attempts(scripted):
 def test_non_transient_errors_fail_at_once(scripted, status, hint):
     srv = scripted(lambda req: Reply(status=status, content="nope"))
     with pytest.raises(rlm.EndpointError) as ei:
-        ModelClient(srv.base_url, API_KEY, max_attempts=5).complete(MSGS, MODEL)
+        OpenAICompatClient(srv.base_url, API_KEY, max_attempts=5).complete(MSGS, MODEL)
     assert srv.count == 1
     assert f"HTTP {status}" in str(ei.value)
     assert hint in str(ei.value)
@@ -103,7 +103,7 @@ def test_timeout_is_retried(scripted):
     flaky = Flaky(1, Reply(content="too late", delay=2.0), "in time")
     srv = scripted(flaky)
     t0 = time.monotonic()
-    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3, backoff_max=0.2).complete(
+    comp = OpenAICompatClient(srv.base_url, API_KEY, max_attempts=3, backoff_max=0.2).complete(
         MSGS, MODEL, timeout=0.5)
     assert comp.text == "in time"
     assert srv.count == 2
@@ -115,7 +115,7 @@ def test_backoff_without_retry_after_is_short_and_jittered(scripted):
     flaky = Flaky(2, Reply(status=429), "eventually")
     srv = scripted(flaky)
     t0 = time.monotonic()
-    comp = ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+    comp = OpenAICompatClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
     assert comp.text == "eventually" and srv.count == 3
     # full jitter: each sleep is in [0, 0.5 * 2**n]; two retries stay well under 2 s
     assert time.monotonic() - t0 < 2.5
@@ -124,7 +124,8 @@ def test_backoff_without_retry_after_is_short_and_jittered(scripted):
 def test_usage_and_cost_come_from_the_reply(scripted):
     srv = scripted(lambda req: Reply(content="x", usage={"prompt_tokens": 11, "completion_tokens": 3},
                                      cost=0.002))
-    comp = ModelClient(srv.base_url, API_KEY).complete(MSGS, MODEL, max_tokens=7, temperature=0.0)
+    comp = OpenAICompatClient(srv.base_url, API_KEY).complete(MSGS, MODEL, max_tokens=7,
+                                                          temperature=0.0)
     assert (comp.prompt_tokens, comp.completion_tokens, comp.cost_usd) == (11, 3, 0.002)
     assert srv.requests[0]["max_tokens"] == 7 and srv.requests[0]["model"] == MODEL
 
@@ -192,7 +193,7 @@ def test_a_plain_http_endpoint_that_redirects_is_an_error_not_followed(scripted,
     to = f"https://127.0.0.1:{closed_port()}/v1/chat/completions"
     srv = scripted(lambda req: Reply(status=307, content="moved", headers={"Location": to}))
     with pytest.raises(rlm.EndpointError) as ei:
-        ModelClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
+        OpenAICompatClient(srv.base_url, API_KEY, max_attempts=3).complete(MSGS, MODEL)
     assert "HTTP 307" in str(ei.value) and srv.count == 1
     assert f"it redirects to {to}" in str(ei.value)
 
@@ -206,7 +207,7 @@ def test_with_a_proxy_configured_a_plain_http_endpoint_gets_the_default_client(s
     to = f"https://127.0.0.1:{closed_port()}/v1/chat/completions"
     srv = scripted(lambda req: Reply(status=307, content="moved", headers={"Location": to}))
     with pytest.raises(rlm.EndpointError) as ei:
-        ModelClient(srv.base_url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+        OpenAICompatClient(srv.base_url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
     assert "unreachable" in str(ei.value) and srv.count == 1
 
 
@@ -250,7 +251,7 @@ def test_a_malformed_reply_body_is_a_model_reply_error(kind):
     # is the endpoint's fault, said as such: never an internal error of the harness
     with _serving(BAD_BODIES[kind]) as url:
         with pytest.raises(rlm.ModelReplyError) as ei:
-            ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+            OpenAICompatClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
         assert "model endpoint http://127.0.0.1" in str(ei.value)
 
 
@@ -267,7 +268,7 @@ def test_usage_that_is_not_a_count_is_estimated_not_trusted(usage):
     body = ('{"choices": [{"message": {"role": "assistant", "content": "hello there"}}], '
             f'"usage": {usage}}}').encode()
     with _serving(body) as url:
-        c = ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+        c = OpenAICompatClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
     assert c.text == "hello there"
     assert c.usage_estimated
     assert c.prompt_tokens > 0 and c.completion_tokens > 0
@@ -279,7 +280,7 @@ def test_usage_counts_and_cost_reported_as_numbers_are_taken():
             b'"finish_reason": "stop"}], "model": "served-model", '
             b'"usage": {"prompt_tokens": 31, "completion_tokens": 4.0, "cost": 0.25}}')
     with _serving(body) as url:
-        c = ModelClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
+        c = OpenAICompatClient(url, API_KEY, max_attempts=1).complete(MSGS, MODEL)
     assert (c.text, c.prompt_tokens, c.completion_tokens, c.cost_usd) == ("hi", 31, 4, 0.25)
     assert not c.usage_estimated and c.finish_reason == "stop" and c.model == "served-model"
 
@@ -322,7 +323,7 @@ def test_a_host_that_never_answers_fails_each_attempt_at_the_connect_timeout(cap
     from rlm.models.openai_compat import CONNECT_TIMEOUT
     assert CONNECT_TIMEOUT <= 10
     with _host_that_never_answers() as url:
-        c = ModelClient(url, API_KEY, max_attempts=2, backoff_max=0.1)
+        c = OpenAICompatClient(url, API_KEY, max_attempts=2, backoff_max=0.1)
         assert c._client.timeout.connect == CONNECT_TIMEOUT
         assert c._client.timeout.read == 600.0  # a slow model still has its whole timeout
         t0 = time.monotonic()

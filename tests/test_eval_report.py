@@ -16,8 +16,8 @@ from PIL import Image
 from rlm.errors import ConfigError
 from rlm.evaluation import plots
 from rlm.evaluation.plots import plot_series
-from rlm.evaluation.report import (markdown_table, read_trials, series_label, summarize,
-                                   write_report)
+from rlm.evaluation.labels import series_label
+from rlm.evaluation.report import markdown_table, read_trials, summarize, write_report
 from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
 
 Z2 = 1.959964 ** 2  # 3.841459

@@ -142,7 +142,8 @@ def rlm_cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.Comp
 
 
 def test_run_ids_are_stable_hashes_of_the_identity():
-    from rlm.evaluation.sweep import Grid, TrialSpec
+    from rlm.evaluation.sweep import Grid
+    from rlm.evaluation.trial import TrialSpec
     a = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://x/v1")
     b = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://y/v1",
                   journal="/tmp/j", max_cost_per_trial=1.0)
@@ -165,7 +166,7 @@ def test_run_ids_are_stable_hashes_of_the_identity():
 
 def test_base_is_a_journaled_plain_completion_served_again_from_the_journal(scripted, tmp_path,
                                                                           monkeypatch):
-    from rlm.evaluation.sweep import TrialSpec, run_trial
+    from rlm.evaluation.trial import TrialSpec, run_trial
     srv = scripted(responder)
     journal = tmp_path / "j.sqlite3"
     monkeypatch.setenv("RLM_EVAL_TEST_KEY", API_KEY)

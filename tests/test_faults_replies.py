@@ -15,7 +15,7 @@ import pytest
 from conftest import API_KEY, MODEL, Reply, endpoint_args, is_root, last_user, repl, script
 from rlm.models.capabilities import REASONING, capabilities
 from harness.journal import Journal
-from rlm.models.openai_compat import ModelClient
+from rlm.models.openai_compat import OpenAICompatClient
 from rlm.errors import EndpointError
 from rlm.prompting.parsing import parse_reply
 from rlm.models.tokens import count_messages, count_tokens
@@ -263,7 +263,7 @@ def test_kind2_a_named_parameter_is_adapted_once(scripted, model, rejects, sent_
     retried once without it; the adaptation is recorded in the attempts and kept, so later
     calls go out adapted at once."""
     srv = scripted(Rejects(rejects))
-    client = ModelClient(srv.base_url, API_KEY)
+    client = OpenAICompatClient(srv.base_url, API_KEY)
     comp = client.complete(MSGS, model, max_tokens=50, temperature=0.0, stop=["\n\n"])
     assert comp.text == "fine"
     assert srv.count == 2
@@ -302,7 +302,7 @@ def test_kind2_other_400s_still_fail_at_once(scripted):
                                          "context length is 40 tokens.")
     srv = scripted(lambda req: too_long)
     with pytest.raises(EndpointError, match="HTTP 400"):
-        ModelClient(srv.base_url, API_KEY).complete(MSGS, "acme", max_tokens=50)
+        OpenAICompatClient(srv.base_url, API_KEY).complete(MSGS, "acme", max_tokens=50)
     assert srv.count == 1
 
 
@@ -370,7 +370,7 @@ def test_kind3_partial_or_zero_usage_is_estimated_and_warned_once(scripted, capl
                     Reply("six", usage={"prompt_tokens": 0, "completion_tokens": 0}),
                     Reply("seven", usage={"prompt_tokens": 5, "completion_tokens": 2})])
     srv = scripted(lambda req: next(replies))
-    client = ModelClient(srv.base_url, API_KEY)
+    client = OpenAICompatClient(srv.base_url, API_KEY)
     with caplog.at_level(logging.WARNING, logger="rlm"):
         a, b, c, d = (client.complete(MSGS, MODEL) for _ in range(4))
     assert (a.prompt_tokens, a.completion_tokens) == (count_messages(MSGS),

@@ -16,7 +16,8 @@ import pytest
 import kernels.kernel as kk
 import rlm
 from conftest import repl, script
-from kernels.kernel import KernelPool, Pending, StartGate
+from kernels.kernel import StartGate
+from kernels.pool import KernelPool, Pending
 
 
 @pytest.fixture
@@ -243,7 +244,7 @@ def test_close_waits_for_the_released_kernels_to_be_reaped(gate):
 
 
 def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
-    from kernels.kernel import head_start, take_head_start
+    from kernels.pool import head_start, take_head_start
     first = head_start(3)
     assert head_start(3) is first  # already pending: nothing more starts
     heads = take_head_start()
@@ -263,8 +264,8 @@ def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
     ({}, 1), ({"max_depth": 1}, 1), ({"max_depth": 2}, 3), ({"max_depth": 3, "pool_size": 0}, 1),
     ({"max_depth": 2, "pool_size": 5}, 6), ({"max_depth": "2"}, 1), ({"max_depth": True}, 1)])
 def test_kernels_started_ahead_follow_depth_and_pool_size(options, ahead):
-    from rlm import _kernels_ahead
-    assert _kernels_ahead(options) == ahead
+    from rlm.config.ahead import kernels_ahead
+    assert kernels_ahead(options) == ahead
 
 
 def test_rlm_run_reads_depth_and_pool_size_before_parsing():
@@ -333,7 +334,8 @@ def _outcome(k):
 LAUNCH_FIRST = """
 import sys
 import kernels.kernel as kk
-from kernels.kernel import Kernel, Pending
+from kernels.kernel import Kernel
+from kernels.pool import Pending
 seen = []  # whether jupyter_client was imported at the moment the process was started
 _launch = kk.launch
 def recording(*a, **kw):

@@ -1,4 +1,4 @@
-"""Last in the session: ``rlm verify --all`` over every journal the suite's runs wrote, on both
+"""Last in the session (marked ``last``; ``conftest.py`` orders it): ``rlm verify --all`` over every journal the suite's runs wrote, on both
 stores, reports a violation rate of 0.
 
 Left out, by the test that wrote them: the storage unit tests (``test_journal``,
@@ -35,6 +35,7 @@ def _verify(spec: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+@pytest.mark.last
 def test_every_journal_the_suite_wrote_verifies(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     journals = [p for p in base.rglob("*.sqlite3")

@@ -60,8 +60,8 @@ __all__ = ["Budget", "Accountant", "Reservation", "ReservationError", "PUSD_PER_
 
 log = logging.getLogger(__name__)
 
-from harness.budget.caps import (PUSD_PER_USD, Budget, ConcurrencyGate, Permit,  # noqa: F401
-                         Reservation, ReservationError, _usd_to_pusd_floor)
+from harness.budget.caps import (CAPS, PUSD_PER_USD, Budget, ConcurrencyGate,  # noqa: F401
+                                 Permit, Reservation, ReservationError, _usd_to_pusd_floor)
 
 
 #: Calibrated reservations: added (as a fraction) to the worst reported/estimated ratio seen.
@@ -167,6 +167,19 @@ class Accountant:
 
     # ------------------------------------------------------------------ reserve / settle
 
+    def _standing(self, cap: str, tokens: int, cost_pusd: int) -> tuple:
+        """``(limit, used, asked)`` of the cap named ``cap`` (see :data:`CAPS`) for a call
+        reserving ``tokens`` and ``cost_pusd``, in the accountant's units (cost in pico-USD);
+        ``limit`` None: no such cap. The wall clock asks nothing: its used is the elapsed time.
+        Call with the lock held."""
+        if cap == "calls":
+            return self._cap_calls, self._calls + self._o_calls, 1
+        if cap == "tokens":
+            return self._cap_tokens, self._prompt + self._completion + self._o_tokens, tokens
+        if cap == "cost":
+            return self._cap_pusd, self._pusd + self._o_pusd, cost_pusd
+        return self._cap_wall, self._clock() - self._t0, 0.0
+
     def reserve(self, model: str, prompt_tokens: int, max_output_tokens: int,
                 stage_id: str | None = None) -> Reservation:
         """Admit one model call, holding room for its worst case, or refuse it.
@@ -208,27 +221,14 @@ class Accountant:
             if cost_factor != 1.0:
                 cost = math.ceil(cost * cost_factor)
             tokens = rp + ro
-            if self._cap_calls is not None:
-                used = self._calls + self._o_calls
-                if used + 1 > self._cap_calls:
-                    self._refusals["calls"] = self._refusals.get("calls", 0) + 1
-                    raise BudgetExceeded("calls", self._cap_calls, used, 1)
-            if self._cap_tokens is not None:
-                used = self._prompt + self._completion + self._o_tokens
-                if used + tokens > self._cap_tokens:
-                    self._refusals["tokens"] = self._refusals.get("tokens", 0) + 1
-                    raise BudgetExceeded("tokens", self._cap_tokens, used, tokens)
-            if self._cap_pusd is not None:
-                used = self._pusd + self._o_pusd
-                if used + cost > self._cap_pusd:
-                    self._refusals["cost"] = self._refusals.get("cost", 0) + 1
-                    raise BudgetExceeded("cost", self.budget.max_cost_usd,
-                                         used / PUSD_PER_USD, cost / PUSD_PER_USD)
-            if self._cap_wall is not None:
-                el = self._clock() - self._t0
-                if el > self._cap_wall:
-                    self._refusals["wall"] = self._refusals.get("wall", 0) + 1
-                    raise BudgetExceeded("wall", self._cap_wall, el, 0.0)
+            for cap in CAPS:
+                limit, used, asked = self._standing(cap.name, tokens, cost)
+                if limit is not None and used + asked > limit:
+                    self._refusals[cap.name] = self._refusals.get(cap.name, 0) + 1
+                    if cap.name == "cost":  # held in pico-USD, reported in USD
+                        raise BudgetExceeded("cost", self.budget.max_cost_usd,
+                                             used / PUSD_PER_USD, asked / PUSD_PER_USD)
+                    raise BudgetExceeded(cap.name, limit, used, asked)
             r = Reservation(next(self._ids), model, stage_id, prompt_tokens, max_output_tokens,
                             cost, self, pin, pout, rp, ro)
             self._o_calls += 1

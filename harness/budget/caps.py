@@ -12,18 +12,56 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 from harness.errors import HarnessError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from harness.budget.accountant import Accountant
-
 __all__ = ["Budget", "Reservation", "ReservationError", "ConcurrencyGate", "Permit",
-           "PUSD_PER_USD"]
+           "PUSD_PER_USD", "Cap", "CAPS", "CAP_BY_NAME"]
 
 #: pico-USD per USD: the accountant's internal cost unit is 1e-12 USD.
 PUSD_PER_USD = 10 ** 12
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One spend cap of a run tree, as every part that enforces, checks or shows caps reads it.
+
+    Attributes:
+        field: the :class:`Budget` attribute and keyword option (``"max_tokens"``).
+        name: the cap's name in ``BudgetExceeded.cap``, ``Result.cap`` and ``rlm serve``'s error
+            ``code`` (``"tokens"``).
+        unit: what it counts (``"tokens"``, ``"USD"``, ``"calls"``, ``"s"``).
+        http_status: ``rlm serve``'s status for a run the cap stopped (402 Payment Required; 504
+            Gateway Timeout for the wall clock).
+        per_call: what one journaled model call's usage dict adds to the total (``rlm verify``
+            sums it over the run's calls), or None for a cap not counted in calls (wall).
+        slack: ``rlm verify`` allows one call's amount beyond the cap (an amount the accountant
+            reserves from an estimate; a call count is exact).
+    """
+
+    field: str
+    name: str
+    unit: str
+    http_status: int
+    per_call: Callable[[Mapping[str, Any]], float] | None
+    slack: bool
+
+
+def _call_tokens(u: Mapping[str, Any]) -> float:
+    return (u.get("prompt_tokens") or 0) + (u.get("completion_tokens") or 0)
+
+
+#: The cap table, in the order the accountant checks a reservation against them. A new cap is one
+#: entry here, one :class:`Budget` field and one option (:mod:`rlm.config.options`); the
+#: accountant says what it has used of it (``Accountant._standing``).
+CAPS: tuple[Cap, ...] = (
+    Cap("max_calls", "calls", "calls", 402, lambda u: 1, False),
+    Cap("max_tokens", "tokens", "tokens", 402, _call_tokens, True),
+    Cap("max_cost_usd", "cost", "USD", 402, lambda u: u.get("cost_usd") or 0.0, True),
+    Cap("max_wall_seconds", "wall", "s", 504, None, False),
+)
+CAP_BY_NAME = {cap.name: cap for cap in CAPS}
 
 
 def _usd_to_pusd_floor(usd: float) -> int:
@@ -135,7 +173,7 @@ class Reservation:
                  "cost_pusd", "state", "charged_usd", "_owner", "_pin", "_pout")
 
     def __init__(self, id: int, model: str, stage_id: str | None, prompt_tokens: int,
-                 max_output_tokens: int, cost_pusd: int, owner: "Accountant",
+                 max_output_tokens: int, cost_pusd: int, owner: object,
                  pin: int | None, pout: int | None, reserved_prompt_tokens: int | None = None,
                  reserved_output_tokens: int | None = None) -> None:
         self.id = id

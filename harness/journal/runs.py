@@ -22,14 +22,22 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.journal.encoding import dumps, loads
 from harness.journal.errors import JournalError, RunExistsError, UnknownRunError
 from harness.journal.behind import WriteBehind
 
-if TYPE_CHECKING:
-    from harness.journal.journal import Journal
+
+class HeartbeatTarget(Protocol):
+    """What a :class:`Heartbeat` needs of its journal (:class:`harness.journal.journal.Journal`
+    is one): ``heartbeat(run_id) -> bool`` (False once this process no longer owns the run),
+    ``closed`` and the list of live heartbeats it stops on close."""
+
+    closed: bool
+    _heartbeats: list
+
+    def heartbeat(self, run_id: str) -> bool: ...
 
 __all__ = ["Heartbeat", "RunRecords", "RUN_SELECT", "run_record"]
 
@@ -102,7 +110,7 @@ class Heartbeat:
     ``lost`` is then set. Transient journal errors are logged and retried at the next tick.
     """
 
-    def __init__(self, journal: Journal, run_id: str, interval: float) -> None:
+    def __init__(self, journal: HeartbeatTarget, run_id: str, interval: float) -> None:
         self.run_id = run_id
         self.interval = interval
         self.lost = threading.Event()

@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from harness.budget.caps import CAPS
 from harness.journal.encoding import event_hash, loads, request_hash, run_anchor, value_hash
 from harness.journal.records import CALL_SELECT, CELL_SELECT, CHAIN_SELECT, call_record, cell_record
 from harness.stages.model import TERMINAL, TRANSITIONS, Status
@@ -264,16 +265,17 @@ def _check_usage_and_caps(run: tuple, latest: dict, calls: dict, out: list) -> N
                                  f"sum over its stages ({tokens} tokens, ${cost:.6f})"))
     # Caps hold over the logical run (every attempt): its recorded calls, each id once.
     spent = [c.get("usage") or {} for c in calls.values()]
-    per_call = [(u.get("prompt_tokens") or 0) + (u.get("completion_tokens") or 0) for u in spent]
-    costs = [u.get("cost_usd") or 0.0 for u in spent]
     budget = options.get("budget") or {}
-    for cap, value, slack, unit in (("max_tokens", sum(per_call), max(per_call + [0]), "tokens"),
-                                    ("max_cost_usd", sum(costs), max(costs + [0.0]), "USD"),
-                                    ("max_calls", len(calls), 0, "calls")):
-        limit = budget.get(cap)
+    for cap in CAPS:
+        if cap.per_call is None:  # not counted in calls (the wall clock)
+            continue
+        amounts = [cap.per_call(u) for u in spent]
+        value, slack = sum(amounts), (max(amounts + [0]) if cap.slack else 0)
+        limit = budget.get(cap.field)
         if limit is not None and value > limit + slack + _EPS:
-            out.append(Violation("caps", None, f"{cap} = {limit} exceeded: {value} {unit} "
-                                 f"recorded, more than one in-flight call beyond the cap"))
+            out.append(Violation("caps", None, f"{cap.field} = {limit} exceeded: {value} "
+                                 f"{cap.unit} recorded, more than one in-flight call beyond "
+                                 "the cap"))
 
 
 def verify_journal(journal: Any, run_ids: Iterable[str] | None = None) -> list[Verdict]:

@@ -98,20 +98,24 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
             s = by_id[sid]
             if max_level is not None and s.level > max_level:
                 continue
-            u = roll[sid]
-            if s.started_at is None:
-                secs = "-"
-            else:
-                end = s.ended_at if s.ended_at is not None else now
-                secs = f"{end - s.started_at:.2f}s"
-            tail = sid.rsplit("/", 1)[-1]
             indent = "  " * (sid.count("/") - base)
-            model = f" {s.model}" if s.model else ""
-            notes = _call_notes(s)
-            lines.append(f"{indent}{tail} [{s.kind.value}] {s.status.value} L{s.level}{model} "
-                         f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}{notes}")
+            lines.append(_node_line(s, roll[sid], indent, now))
             reasoning = (s.meta or {}).get("reasoning") if s.kind.value == "model_call" else None
             if isinstance(reasoning, str) and reasoning.strip():
                 lines.extend(_reasoning_lines(reasoning, indent + "    "))
             stack.extend(reversed(children[sid]))
     return "\n".join(lines)
+
+
+def _node_line(s: Stage, u: Usage, indent: str, now: float) -> str:
+    """One stage's line: id tail, kind, status, level, model, rolled-up tokens and cost, seconds
+    (``-`` before it started; up to ``now`` while it runs) and the model call's notes."""
+    if s.started_at is None:
+        secs = "-"
+    else:
+        end = s.ended_at if s.ended_at is not None else now
+        secs = f"{end - s.started_at:.2f}s"
+    tail = s.id.rsplit("/", 1)[-1]
+    model = f" {s.model}" if s.model else ""
+    return (f"{indent}{tail} [{s.kind.value}] {s.status.value} L{s.level}{model} "
+            f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}{_call_notes(s)}")

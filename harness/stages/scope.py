@@ -5,13 +5,24 @@ block ends decides the stage's terminal status. Pure standard library.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.errors import BudgetExceeded, IllegalTransition
 from harness.stages.model import Stage, Status
 
-if TYPE_CHECKING:  # pragma: no cover
-    from harness.stages.tree import StageTree
+
+
+class ScopeTree(Protocol):
+    """What a :class:`StageScope` needs of its tree (:class:`harness.stages.tree.StageTree` is
+    one): compare-and-set transitions, usage roll-up, a stage's status, every stage."""
+
+    def transition(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def add_usage(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def status(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def all(self, *args: Any, **kwargs: Any) -> Any: ...
 
 __all__ = ["StageScope", "cancel_open"]
 
@@ -37,7 +48,7 @@ class StageScope:
     __slots__ = ("tree", "id", "kind", "level", "model", "evidence", "meta", "_started",
                  "_start", "_status", "_error")
 
-    def __init__(self, tree: "StageTree", stage: Stage, start: bool) -> None:
+    def __init__(self, tree: ScopeTree, stage: Stage, start: bool) -> None:
         self.tree = tree
         self.id, self.kind, self.level, self.model = stage.id, stage.kind, stage.level, stage.model
         self.evidence: Any = None
@@ -103,7 +114,7 @@ class StageScope:
         return False
 
 
-def cancel_open(tree: "StageTree", why: str) -> int:
+def cancel_open(tree: ScopeTree, why: str) -> int:
     """Move every stage still ``pending``/``running`` to ``cancelled`` with ``error`` saying
     the run ended (``why``) while it was in flight, so no stage stays open forever.
 

@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from harness.errors import IllegalTransition
 from harness.stages.model import (ROOT_ID, TERMINAL, TRANSITIONS, Kind, Stage, Status,  # noqa: F401
                                  Usage, _has_usage, _SETTABLE)
+from harness.stages.scope import StageScope, cancel_open
 
 __all__ = [
     "Status", "TERMINAL", "TRANSITIONS", "Kind", "Stage", "Usage", "StageTree", "StageScope",
@@ -493,5 +494,3 @@ class StageTree:
                             kv[0].count("/"))))
         return tree
 
-
-from harness.stages.scope import StageScope, cancel_open  # noqa: E402  (it needs Stage, Status)

@@ -121,7 +121,7 @@ def _endpoint(args) -> tuple[str | None, str, str]:
             raise ConfigError(f"--model {args.model!r} needs an endpoint: pass --base-url (or "
                               "set OPENAI_BASE_URL); without one the embedded model is used, "
                               "chosen with --embedded-model")
-        from rlm.config.options import DEFAULT_EMBEDDED_MODEL
+        from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
         return None, args.embedded_model or DEFAULT_EMBEDDED_MODEL, api_var
     model = args.model or os.environ.get("RLM_MODEL")
     if not model:
@@ -144,7 +144,7 @@ def _ints(text: str, flag: str, lo: int, hi: int) -> list[int]:
 
 
 def _profiles(text: str | None, embedded: bool) -> list[str]:
-    from rlm.evaluation.sweep import PROFILES
+    from rlm.evaluation.trial import PROFILES
     out = _csv(text) if text else (["small", "general"] if embedded else ["general"])
     for p in out:
         if p not in PROFILES and not Path(p).is_file():
@@ -162,7 +162,8 @@ def grid_from_args(args):
     Raises:
         ConfigError: a bad task, length, method, depth, profile, count or endpoint setting.
     """
-    from rlm.evaluation.sweep import METHODS, Grid, embedded_window
+    from rlm.evaluation.sweep import Grid
+    from rlm.evaluation.trial import METHODS, embedded_window
     from rlm.evaluation.tasks import parse_length, parse_tasks
     base_url, model, api_var = _endpoint(args)
     tasks = _csv(args.tasks) if args.sample_factory else parse_tasks(args.tasks)

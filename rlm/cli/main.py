@@ -2,7 +2,7 @@
 
 Answers go to stdout, progress and errors to stderr. Errors are one clear
 message and an exit code, never a traceback (unless ``RLM_DEBUG=1``). The flags of the run
-options come from :data:`rlm.config.options.OPTIONS` (:func:`add_arguments`, :func:`options_from_args`).
+options come from :data:`rlm.config.options.OPTIONS` (:mod:`rlm.config.flags`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+
+from rlm.config.argtypes import whole_number
+from rlm.config.flags import add_arguments, options_from_args
 
 # the command names of rlm.config.options (RUN, RESUME, REPLAY); the option registry itself is
 # imported where it is used, so `rlm run` can start its kernel before that import
@@ -43,77 +45,6 @@ ENVIRONMENT = """environment:
   RLM_DEBUG=1       print tracebacks for unexpected errors
   RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
 """
-
-
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Add the flags of every option ``command`` (``"run"``, ``"resume"``...) takes to ``parser``.
-
-    Options of a group go to an argument group titled from :data:`~rlm.config.options.GROUP_TITLES`, the others
-    next to the command's own flags, in registry order. Every flag defaults to None ("not
-    given"); the run applies the defaults, so a parsed namespace says what the user typed.
-    """
-    from rlm.config.options import GROUP_TITLES, OPTIONS
-    groups: dict[str, Any] = {}
-    for opt in OPTIONS:
-        if opt.flag is None or command not in opt.commands:
-            continue
-        target: Any = parser
-        if opt.group is not None:
-            if opt.group not in groups:
-                groups[opt.group] = parser.add_argument_group(GROUP_TITLES[opt.group])
-            target = groups[opt.group]
-        kw: dict[str, Any] = {"dest": opt.name, "default": None, "help": opt.help}
-        if opt.repeat:
-            kw["action"] = "append"
-        if opt.type in (int, float):
-            kw["type"] = opt.type
-        if opt.choices is not None:
-            kw["choices"] = list(opt.choices)
-        else:
-            kw["metavar"] = opt.metavar
-        target.add_argument(opt.flag, **kw)
-        for sw in opt.switches:
-            if command in sw.commands:
-                target.add_argument(sw.flag, action="store_true", help=sw.help)
-
-
-def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    """The keyword options the user gave on the command line of ``command``.
-
-    Returns:
-        {keyword name: value} for every registry flag that was given (a :class:`~rlm.config.options.Switch` wins
-        over its option's own flag; empty values of ``empty_is_unset`` options are dropped).
-    """
-    from rlm.config.options import OPTIONS
-    out: dict[str, Any] = {}
-    for opt in OPTIONS:
-        if opt.flag is None or command not in opt.commands:
-            continue
-        v = getattr(args, opt.name, None)
-        if opt.empty_is_unset and v == "":
-            v = None
-        for sw in opt.switches:
-            if command in sw.commands and getattr(args, sw.dest, False):
-                v = sw.value
-        if v is not None:
-            out[opt.name] = v
-    return out
-
-
-def whole_number(low: int, high: int | None = None, what: str = "a whole number"):
-    """An argparse ``type``: the argument as an int in ``[low, high]`` (no upper bound when
-    ``high`` is None), else an ``ArgumentTypeError`` naming the range and the value given."""
-    span = f"from {low} to {high}" if high is not None else f">= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
-        return value
-    return parse
 
 
 _positive_int = whole_number(1, 1_000_000)
@@ -492,18 +423,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ``argv``: the arguments after the program name (default ``sys.argv[1:]``). For ``rlm run``,
     ``replay`` and ``resume`` the root's kernel (and for ``run`` its pool's) starts before
-    anything heavy is imported (:func:`kernels.kernel.head_start`), so its cold start overlaps
+    anything heavy is imported (:func:`kernels.pool.head_start`), so its cold start overlaps
     the CLI's own start-up; a kernel the run did not take is shut down before this returns.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
-            from kernels.kernel import drop_head_start, head_start
+            from kernels.pool import drop_head_start, head_start
 
-            from rlm import _kernels_ahead
+            from rlm.config.ahead import kernels_ahead
             try:
-                head_start(_kernels_ahead(_depth_flags(argv)))
+                head_start(kernels_ahead(_depth_flags(argv)))
                 return _main(argv)
             finally:
                 drop_head_start()

@@ -34,8 +34,7 @@ def _value(opt: Option, o: Mapping[str, Any], embedded: bool) -> Any:
     return v
 
 
-def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
-                  journal: Any = None) -> Options:
+def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str]) -> Options:
     """The :class:`Options` of a run from keyword options and its resolved endpoint.
 
     Args:
@@ -44,7 +43,6 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
         endpoint: (base_url, api_key, model) the run talks to (an :class:`~rlm.config.options.Endpoint`, or the
             embedded server's). With the embedded model, ``sub_model``/``child_model`` are
             dropped (it serves every call) and the model is priced as local (free).
-        journal: an open :class:`harness.journal.Journal`, or None.
     Raises:
         ConfigError: a budget value :class:`~harness.budget.accountant.Budget` refuses, or an unreadable
             price file.
@@ -67,7 +65,7 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str],
     opts = Options(model=model, sub_model=None if embedded else o.get("sub_model"),
                    child_model=None if embedded else o.get("child_model"),
                    base_url=base_url, api_key=api_key, budget=budget, prices=prices,
-                   journal=journal, embedded=embedded,
+                   embedded=embedded,
                    price_file=str(Path(o["price_file"]).expanduser().resolve())
                    if o.get("price_file") else None)
     for opt in OPTIONS:
@@ -171,7 +169,7 @@ def resume_options(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def replay_options(record: Mapping[str, Any], journal: Any = None) -> Options:
+def replay_options(record: Mapping[str, Any]) -> Options:
     """The :class:`Options` that replay a recorded run (every model call served from the journal).
 
     Unlike :func:`resume_options` it keeps the recorded endpoint and model names as they were
@@ -179,10 +177,9 @@ def replay_options(record: Mapping[str, Any], journal: Any = None) -> Options:
 
     Args:
         record: the journal's run record.
-        journal: the :class:`harness.journal.Journal` to write to, or None (replay writes nothing).
     """
     stored = record.get("options") or {}
-    opts = Options(budget=Budget.from_dict(stored.get("budget") or {}), journal=journal)
+    opts = Options(budget=Budget.from_dict(stored.get("budget") or {}))
     for opt in OPTIONS:
         if opt.stored and opt.has_attribute and opt.name in stored:
             setattr(opts, opt.name, stored[opt.name])

@@ -7,26 +7,27 @@ default (and the embedded model's default), allowed range or choices, help text,
 which ``rlm`` commands take it, whether the journal keeps it for resume/replay, and which
 :class:`harness.budget.accountant.Budget` field it feeds. Everything else is derived from that tuple:
 
-=========================================  =================================================
-:data:`OPTION_NAMES`, :func:`check_names`  the accepted keyword names
-:func:`validate_options`                   range/choice/URL checks naming the ``rlm run`` flag
-:func:`endpoint_configured`                "is an endpoint configured?" (options, else env)
-:func:`external_endpoint`                  that endpoint resolved (URL, key, model), or None
-:func:`rlm.cli.main.add_arguments`              the argparse flags of one ``rlm`` command
-:func:`rlm.cli.main.options_from_args`          parsed flags -> keyword options
-:mod:`rlm.config.build`                      keyword options -> :class:`Options`; the journal
-                                           record of a run's options and its way back
-``tests/test_options.py``                  the README tables (and checks them)
-=========================================  =================================================
+==========================================  =================================================
+:data:`OPTION_NAMES`, :func:`check_names`   the accepted keyword names
+:func:`validate_options`                    range/choice/URL checks naming the ``rlm run`` flag
+:func:`endpoint_configured`                 "is an endpoint configured?" (options, else env)
+:func:`external_endpoint`                   that endpoint resolved (URL, key, model), or None
+:func:`rlm.config.flags.add_arguments`      the argparse flags of one ``rlm`` command
+:func:`rlm.config.flags.options_from_args`  parsed flags -> keyword options
+:mod:`rlm.config.build`                     keyword options -> :class:`Options`; the journal
+                                            record of a run's options and its way back
+``docs/reference/options.md``               the generated reference (a test checks it)
+==========================================  =================================================
 
-Adding an option: one :class:`Option` entry here, one README row (``python tests/test_options.py``
-prints it), and if the loop reads it one :class:`Options` attribute of the same name.
+Adding an option: one :class:`Option` entry here (then ``python scripts/gen_reference.py``
+rewrites the docs reference), and if the loop reads it one :class:`Options` attribute of the same
+name. A cap is also one entry of the cap table, :data:`harness.budget.caps.CAPS`.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
@@ -34,6 +35,9 @@ from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
 
 from rlm.errors import ConfigError
+from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS, provider_env
+from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
+                                LARGE_EMBEDDED_MODEL)
 
 
 @dataclass
@@ -44,6 +48,7 @@ class Options:
         model: the root model's name; ``child_model`` for child roots and
             ``sub_model`` for ``llm_query``/fallbacks default to it.
         base_url, api_key: the endpoint; None means the embedded model.
+        provider: the endpoint's API (a name in :data:`rlm.models.base.PROVIDERS`).
         cell_timeout: [s] per executed block; the kernel is interrupted after it.
         max_output_chars: [characters] of cell output fed back per turn.
         max_completion_tokens: [tokens] output cap of root/child turns.
@@ -53,12 +58,11 @@ class Options:
             and depth (``budget.max_depth``, see README "Depth").
         pool_size: idle pre-started kernels (None: 0 at depth <= 1, else 2).
         max_kernel_restarts: restarts of one instance's kernel before it fails.
-        journal: a :class:`harness.journal.Journal` or None (no journal).
         divergence: ``"stop"`` (default) or ``"live"``: what resume does when a
             recorded call's request differs from the new one.
-        listeners: extra :class:`harness.stages.tree.StageTree` listeners (after the journal's),
-            e.g. the live view or the OpenTelemetry exporter; they must not raise.
 
+    Settings only: the journal, the stage listeners, the progress callback and the cancel
+    handle are live objects of the caller, handed to the run as :class:`rlm.core.hooks.RunHooks`.
     The keyword options that fill these attributes, with their units, ranges and CLI flags, are
     declared in :data:`OPTIONS` (:func:`rlm.config.build.build_options`); the defaults here are the registry's
     (``tests/test_options.py`` checks), so an ``Options()`` built by hand runs like the API.
@@ -69,6 +73,7 @@ class Options:
     child_model: str | None = None
     base_url: str | None = None
     api_key: str | None = None
+    provider: str = DEFAULT_PROVIDER
     cell_timeout: float = 60.0
     max_output_chars: int = 4000
     max_completion_tokens: int = 1024
@@ -81,26 +86,15 @@ class Options:
     pool_size: int | None = None
     max_kernel_restarts: int = 3
     max_attempts: int = 6
-    journal: Any = None
     divergence: str = "stop"
     embedded: bool = False
     system_template: str | None = None
     prompt: str = "general"
-    on_progress: Callable[[str], None] | None = None
-    listeners: list | None = None
-    # embedding (rlm.core.schema, rlm.aio): what FINAL must pass, and a cancel handle of the run
+    # embedding (rlm.core.schema): what FINAL must pass
     answer_schema: dict | None = None
     verify: Callable[[Any], Any] | None = None
-    cancel: Any = None
 
 
-#: The embedded model used when no endpoint is configured and none is named (the one spelling of
-#: this name: ``rlm.models.embedded`` and the CLI take it from here).
-DEFAULT_EMBEDDED_MODEL = "qwen2.5-coder-0.5b"
-#: The embedded model ``--large`` selects.
-LARGE_EMBEDDED_MODEL = "qwen2.5-coder-1.5b"
-#: Every embedded model the CLI offers (the keys of ``rlm.models.embedded.MODELS``; a test checks).
-EMBEDDED_MODELS = (DEFAULT_EMBEDDED_MODEL, LARGE_EMBEDDED_MODEL, "smollm2-135m")
 
 #: The deepest tree a run may ask for: each level holds kernels (about 60 MB each) while
 #: its children run, so a runaway recursion is refused before it exhausts memory.
@@ -114,8 +108,8 @@ GROUP_TITLES = {ENDPOINT: "model endpoint (default: the embedded local model)",
                 LIMITS: "loop, depth and budget"}
 
 #: ``rlm`` commands whose flags come (partly) from the registry (``Option.commands``).
-RUN, RESUME, REPLAY = "run", "resume", "replay"
-JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, "show", "runs", "export", "verify")
+RUN, RESUME, REPLAY, SERVE = "run", "resume", "replay", "serve"
+JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, SERVE, "show", "runs", "export", "verify")
 
 
 @dataclass(frozen=True)
@@ -323,6 +317,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("model", "--model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME, stored=True,
            help="root model name (env RLM_MODEL)",
            doc="root model (env `RLM_MODEL`)", doc_default="embedded model"),
+    Option("provider", "--provider", default=DEFAULT_PROVIDER, choices=tuple(PROVIDERS),
+           metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME, stored=True,
+           help="the endpoint's API (default openai; anthropic reads ANTHROPIC_BASE_URL/_API_KEY)",
+           doc="`openai` (chat completions) or `anthropic` (Messages; env `ANTHROPIC_*`)"),
     Option("base_url", "--base-url", metavar="URL", group=ENDPOINT, commands=_RUN_RESUME,
            stored=True, check=_http_url,
            help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (env OPENAI_BASE_URL)",
@@ -340,7 +338,7 @@ OPTIONS: tuple[Option, ...] = (
            choices=EMBEDDED_MODELS, metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
            switches=(Switch("--large", LARGE_EMBEDDED_MODEL,
                             "use the embedded 1.5B model (same as --embedded-model "
-                            f"{LARGE_EMBEDDED_MODEL})", _RUN_RESUME),),
+                            f"{LARGE_EMBEDDED_MODEL})", _RUN_RESUME + (SERVE,)),),
            help=f"embedded model when no endpoint is set (default {DEFAULT_EMBEDDED_MODEL})",
            doc=f"local model without an endpoint: `{LARGE_EMBEDDED_MODEL}` (`--large`) or "
                f"`{EMBEDDED_MODELS[2]}`"),
@@ -417,7 +415,8 @@ OPTIONS: tuple[Option, ...] = (
            doc="a resumed call whose request differs from the journal: `stop` with a report, or "
                "go `live` from there (`rlm resume --on-divergence`)"),
     Option("journal", "--journal", object, metavar="PATH|URL", commands=JOURNAL_COMMANDS,
-           empty_is_unset=True, switches=(Switch("--no-journal", False, "do not write a journal"),),
+           empty_is_unset=True, switches=(Switch("--no-journal", False, "do not write a journal",
+                                            (RUN, SERVE)),),
            help="journal: a SQLite file or a postgresql:// URL (env RLM_JOURNAL)",
            doc="journal: a SQLite file (a path) or a `postgresql://` URL, or `False` for none",
            doc_default="see below"),
@@ -462,6 +461,17 @@ OPTIONS: tuple[Option, ...] = (
            doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
                "journaled `cancelled`, resumable)"),
 )
+
+#: The options ``rlm serve`` takes as the defaults of its runs: its flags come from these entries,
+#: so each has the same name, type, range and help as in ``rlm run``. ``api_key`` is not among
+#: them: ``rlm serve --api-key`` is the key its clients must send, and the upstream endpoint's key
+#: is serve's own ``--upstream-api-key``.
+SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "embedded_model",
+                 "max_attempts", "max_iterations", "max_depth", "cell_timeout",
+                 "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
+                 "max_children_per_call", "max_concurrency", "price_file")
+OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,)) if o.name in SERVE_OPTIONS else o
+                for o in OPTIONS)
 
 #: Every accepted keyword name (frozenset of str).
 OPTION_NAMES = frozenset(o.name for o in OPTIONS)
@@ -568,8 +578,9 @@ class Endpoint(NamedTuple):
 
 
 def _endpoint_settings(o: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    return (o.get("base_url") or os.environ.get("OPENAI_BASE_URL"),
-            o.get("api_key") or os.environ.get("OPENAI_API_KEY"))
+    spec = provider_env(o.get("provider"))  # its own variables: one provider's key stays its own
+    return (o.get("base_url") or os.environ.get(spec.url_env),
+            o.get("api_key") or os.environ.get(spec.key_env))
 
 
 def endpoint_configured(o: Mapping[str, Any]) -> bool:
@@ -595,4 +606,4 @@ def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
     if not model:
         raise ConfigError("a model endpoint is configured but no model name: pass "
                           "--model NAME (or model=...)")
-    return Endpoint(base_url or "https://api.openai.com/v1", api_key, model)
+    return Endpoint(base_url or provider_env(o.get("provider")).default_url, api_key, model)

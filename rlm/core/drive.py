@@ -4,6 +4,7 @@ stage, maps how it ended to a status, and always shuts every kernel down."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from harness.control import Cancelled
 from harness.errors import BudgetExceeded, DivergenceError
@@ -16,6 +17,7 @@ from rlm.context.load import LoadedContext
 from rlm.errors import ConfigError, RLMError
 from rlm.config.options import Options
 from rlm.result import Result, usage_summary
+from rlm.core.hooks import RunHooks, RunJournal
 from rlm.core.run_tree import RunTree
 
 
@@ -73,15 +75,15 @@ def _quick_exit_after_runs() -> None:
         atexit.register(gc.freeze)
 
 
-def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str | None = None,
-          recorded: Replay | None = None, client: ModelClient | None = None,
-          record: bool = True, plain: bool = False) -> Result:
+def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHooks = RunHooks(),
+          run_id: str | None = None, recorded: Replay | None = None,
+          client: ModelClient | None = None, record: bool = True, plain: bool = False) -> Result:
     """Drive one run tree to its end and return the :class:`~rlm.result.Result`.
 
     ``plain=True``: the run is one plain completion of the context's text (a str), sent as the
     user message (:class:`PlainCall`); the journal's options record says ``"plain": true``.
 
-    The journal (``opts.journal``, unless ``record=False``) gets the run record (unless
+    The journal (``hooks.journal``, unless ``record=False``) gets the run record (unless
     resuming: it exists), a heartbeat while it runs, every stage event, model call and cell,
     and the final status. Kernels are always shut down.
 
@@ -94,90 +96,128 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, run_id: str |
             errors above it carries the partial ``result``, and ``journaled`` (bool: whether
             the run was recorded, so that it can be resumed).
     """
-    from rlm.core.loop import RLMLoop
     t0 = time.monotonic()
     _quick_exit_after_runs()
     if isinstance(query, str):
         query = clean_text(query)  # e.g. undecodable argv bytes (surrogateescape)
+    journal = hooks.journal if record else None
     try:
-        run = RunTree(opts, run_id=run_id, recorded=recorded, client=client,
+        run = RunTree(opts, hooks, run_id=run_id, recorded=recorded, client=client,
                       adopt_head=not plain)
     except BaseException:  # a Ctrl-C during the set-up, say: no loop took the context
         ctx.discard()
         raise
     try:  # until the run is recorded, anything raised closes it and discards the context
-        if opts.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
-            opts.cancel.attach(run)
-        # a replay sends nothing (every call is served from the journal, a refusal from its
-        # record): it needs no prices, and the price file may be gone
-        if record and opts.budget.max_cost_usd is not None:
-            try:
-                run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
-                                                         opts.child_model) if m})
-            except Exception as exc:
-                raise ConfigError(str(exc)) from None
-        if ctx.writing:  # a big context's file is being written behind (rlm.context.load)
-            if run.client is not None and recorded is None:
-                run.client.prepare()  # the first call's work, done while the file is written
-            ctx.settle()
-        journal = opts.journal if record else None
-        if journal is not None and recorded is None:
-            from rlm.config.build import stored_options
-            stored = stored_options(opts, ctx)
-            if plain:
-                stored["plain"] = True
-            journal.create_run(run.run_id, query=query or "", model=opts.model,
-                               sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
-                               options=stored)
+        _set_up(run, ctx, query, hooks, journal, record=record, plain=plain)
     except BaseException:
         run.close()
         ctx.discard()
         raise
-    heartbeat = None
-    status, answer, reason, cap, raised = "failed", None, "", None, None
-    root = None
+    end, heartbeat = _RunEnd(), None
     try:  # from here on the run ends recorded (a Ctrl-C now is journaled as cancelled)
         if journal is not None:
             heartbeat = journal.start_heartbeat(run.run_id)
-        with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
-            root = (PlainCall(run, scope.id, ctx.read_value(), opts.model) if plain
-                    else RLMLoop(run, scope.id, 0, ctx, query, opts.model))
-            out = run.run_bounded(root.run)
-            answer, status, reason = out.answer, out.status, out.reason
-            scope.evidence = answer
-            if status != "completed":
-                scope.finish(Status.failed, reason or None)
-    except BudgetExceeded as exc:
-        status, reason, cap = "budget_exceeded", str(exc), exc.cap
-        answer = root.partial_answer() if root is not None else None
-    except (KeyboardInterrupt, Cancelled):  # Ctrl-C, or a CancelToken (rlm.aio) cancelled
-        status, reason, raised = "cancelled", "interrupted", KeyboardInterrupt()
-    except (RLMError, DivergenceError) as exc:
-        status, reason, raised = "failed", str(exc), exc
-    except Exception as exc:  # a bug: the run is still journaled as failed, not left running
-        status, reason, raised = "failed", f"internal error: {type(exc).__name__}: {exc}", exc
+        _run_root(run, ctx, query, end, plain=plain)
+    except BaseException as exc:
+        end.failed(exc)
     finally:
         run.close()
-        if root is None:  # ended before a loop took the context: its scratch copy goes here
+        if end.root is None:  # ended before a loop took the context: its scratch copy goes here
             ctx.discard()
-        cancel_open(run.tree, "cancelled" if status in ("cancelled", "budget_exceeded")
-                    or raised is not None else "failed")
-    res = Result(answer=answer, status=status, run_id=run.run_id,
-                 iterations=root.iterations if root else 0, usage=_usage(run),
-                 reason=reason, cap=cap, stages=run.tree.counts_by_kind(),
-                 max_level=run.tree.max_level(), kernels_started=run.kernels_started,
-                 seconds=time.monotonic() - t0,
-                 replayed_calls=recorded.served if recorded else 0, tree=run.tree)
+        cancel_open(run.tree, "cancelled" if end.status in ("cancelled", "budget_exceeded")
+                    or end.raised is not None else "failed")
+    res = _result(run, end, recorded, t0)
     if journal is not None:
         if heartbeat is not None:
             heartbeat.stop()
-        journal.finish_run(run.run_id, status=status, answer=answer,
-                           usage=res.journal_usage(), error=reason or None)
-    if raised is not None:
-        raised.result = res  # type: ignore[attr-defined]
-        raised.journaled = journal is not None  # type: ignore[attr-defined]
-        raise raised
+        journal.finish_run(run.run_id, status=end.status, answer=end.answer,
+                           usage=res.journal_usage(), error=end.reason or None)
+    if end.raised is not None:
+        end.raised.result = res  # type: ignore[attr-defined]
+        end.raised.journaled = journal is not None  # type: ignore[attr-defined]
+        raise end.raised
     return res
+
+
+def _set_up(run: RunTree, ctx: LoadedContext, query: str | None, hooks: RunHooks,
+            journal: RunJournal | None, *, record: bool, plain: bool) -> None:
+    """Before the run is recorded: attach the cancel handle, check prices, wait for a context
+    written behind, and create the run's journal record (not when resuming: it exists)."""
+    opts = run.opts
+    if hooks.cancel is not None:  # rlm.aio.CancelToken: cancel the run from outside
+        hooks.cancel.attach(run)
+    # a replay sends nothing (every call is served from the journal, a refusal from its
+    # record): it needs no prices, and the price file may be gone
+    if record and opts.budget.max_cost_usd is not None:
+        try:
+            run.accountant.check_prices({m for m in (opts.model, opts.sub_model,
+                                                     opts.child_model) if m})
+        except Exception as exc:
+            raise ConfigError(str(exc)) from None
+    if ctx.writing:  # a big context's file is being written behind (rlm.context.load)
+        if run.client is not None and run.recorded is None:
+            run.client.prepare()  # the first call's work, done while the file is written
+        ctx.settle()
+    if journal is not None and run.recorded is None:
+        from rlm.config.build import stored_options
+        stored = stored_options(opts, ctx)
+        if plain:
+            stored["plain"] = True
+        journal.create_run(run.run_id, query=query or "", model=opts.model,
+                           sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
+                           options=stored)
+
+
+class _RunEnd:
+    """How a run ended: status, answer, reason, the cap that stopped it, the exception to raise
+    (None: return the result) and the root (loop or plain call) once one took the context."""
+
+    def __init__(self) -> None:
+        self.status, self.answer, self.reason = "failed", None, ""
+        self.cap: str | None = None
+        self.raised: BaseException | None = None
+        self.root: Any = None
+
+    def failed(self, exc: BaseException) -> None:
+        """Record how ``exc`` ended the run (a budget stop keeps the partial answer)."""
+        if isinstance(exc, BudgetExceeded):
+            self.status, self.reason, self.cap = "budget_exceeded", str(exc), exc.cap
+            self.answer = self.root.partial_answer() if self.root is not None else None
+        elif isinstance(exc, (KeyboardInterrupt, Cancelled)):  # Ctrl-C, or rlm.aio's token
+            self.status, self.reason, self.raised = "cancelled", "interrupted", KeyboardInterrupt()
+        elif isinstance(exc, (RLMError, DivergenceError)):
+            self.status, self.reason, self.raised = "failed", str(exc), exc
+        elif isinstance(exc, Exception):  # a bug: journaled as failed, not left running
+            self.status, self.raised = "failed", exc
+            self.reason = f"internal error: {type(exc).__name__}: {exc}"
+        else:  # SystemExit and the like: not the run's to record as anything else
+            raise exc
+
+
+def _run_root(run: RunTree, ctx: LoadedContext, query: str | None, end: _RunEnd, *,
+              plain: bool) -> None:
+    """Run the root (an :class:`~rlm.core.loop.RLMLoop`, or :class:`PlainCall`) inside the
+    ``run`` stage, bounded by the wall cap; its outcome goes into ``end``."""
+    from rlm.core.loop import RLMLoop
+    opts = run.opts
+    with run.stage(None, Kind.run, 0, model=opts.model, meta={"query": query}) as scope:
+        end.root = (PlainCall(run, scope.id, ctx.read_value(), opts.model) if plain
+                    else RLMLoop(run, scope.id, 0, ctx, query, opts.model))
+        out = run.run_bounded(end.root.run)
+        end.answer, end.status, end.reason = out.answer, out.status, out.reason
+        scope.evidence = end.answer
+        if end.status != "completed":
+            scope.finish(Status.failed, end.reason or None)
+
+
+def _result(run: RunTree, end: _RunEnd, recorded: Replay | None, t0: float) -> Result:
+    """The run's :class:`~rlm.result.Result` from how it ended."""
+    return Result(answer=end.answer, status=end.status, run_id=run.run_id,
+                  iterations=end.root.iterations if end.root else 0, usage=_usage(run),
+                  reason=end.reason, cap=end.cap, stages=run.tree.counts_by_kind(),
+                  max_level=run.tree.max_level(), kernels_started=run.kernels_started,
+                  seconds=time.monotonic() - t0,
+                  replayed_calls=recorded.served if recorded else 0, tree=run.tree)
 
 
 def _usage(run: RunTree) -> dict:

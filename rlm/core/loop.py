@@ -67,7 +67,7 @@ class RLMLoop:
         # the schema of rlm(..., schema=) for a child
         self.check = check if check is not None or level else AnswerCheck.from_options(run.opts)
         self.context, self.query, self.model = context, query, model
-        self.subcalls = Subcalls(self)
+        self.subcalls = Subcalls(self, start_child=RLMLoop)
         self.kernel: Kernel | None = None
         self.reg: Registration | None = None
         self.current_cell: str | None = None
@@ -189,8 +189,8 @@ class RLMLoop:
                     cell.finish(Status.cancelled, res.error or "the run was cancelled")
                 elif res.error:
                     cell.finish(Status.failed, res.error)
-            if opts.journal is not None:
-                opts.journal.record_cell(run.run_id, cell.id, code,
+            if run.journal is not None:
+                run.journal.record_cell(run.run_id, cell.id, code,
                                          {"output": out, "error": res.error, "final": res.final},
                                          behind=True)
             feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,

@@ -40,11 +40,13 @@ from harness.replay import Replay
 from harness.stages.tree import Kind, StageScope, StageTree
 from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
-from kernels.kernel import Kernel, KernelPool, pool_size_for, take_head_start
+from kernels.kernel import Kernel
+from kernels.pool import KernelPool, pool_size_for, take_head_start
 
-from rlm.models.openai_compat import Completion, ModelClient
+from rlm.models.base import Completion, ModelClient, make_client
 from rlm.errors import EndpointError, RLMError
 from rlm.config.options import Options
+from rlm.core.hooks import RunHooks
 from rlm.models.tokens import count_messages
 
 log = logging.getLogger("rlm")
@@ -74,16 +76,18 @@ class RunTree:
     """The host-side state of one run tree.
 
     Args:
-        options: the run's :class:`~rlm.config.options.Options`.
+        options: the run's :class:`~rlm.config.options.Options` (settings only).
+        hooks: the journal it writes, its listeners, progress callback and cancel handle
+            (:class:`~rlm.core.hooks.RunHooks`; none by default).
         run_id: the run's id (str); a new random 16-hex id when None.
         recorded: a :class:`harness.replay.Replay` serving recorded calls (resume or replay),
             or None for a fresh run.
         client: a model client to use instead of one built from ``options`` (tests, benches).
-        adopt_head: take the kernel started ahead of the run (:func:`kernels.kernel.head_start`)
+        adopt_head: take the kernel started ahead of the run (:func:`kernels.pool.head_start`)
             into the pool, for the root (False for a run with no kernel: a plain completion).
     """
 
-    def __init__(self, options: Options, run_id: str | None = None,
+    def __init__(self, options: Options, hooks: RunHooks = RunHooks(), run_id: str | None = None,
                  recorded: Replay | None = None, client: ModelClient | None = None,
                  adopt_head: bool = True) -> None:
         self.opts = options
@@ -92,27 +96,29 @@ class RunTree:
         hide_startup_secrets()
         self.run_id = run_id or uuid.uuid4().hex[:16]
         self.recorded = recorded
+        self.journal = hooks.journal
+        self.on_progress = hooks.on_progress
         # transitions are written behind (harness.journal.behind): in the journal's next batch,
         # within WRITE_BEHIND_SECONDS, at a read or at the run's finish
-        listeners = ([options.journal.record_event_behind] if options.journal is not None
+        listeners = ([self.journal.record_event_behind] if self.journal is not None
                      else [])
         # live view, OpenTelemetry, a caller's own (after the journal), each kept from the run
-        listeners += [_isolated(f) for f in options.listeners or ()]
+        listeners += [_isolated(f) for f in hooks.listeners]
         self.tree = StageTree(self.run_id, listeners)
         self.accountant = Accountant(options.budget, options.prices or PriceTable(),
                                      calibrate=True)
         self.attempt = uuid.uuid4().hex[:12]  # names this attempt's reservations in the ledger
-        if recorded is not None and options.journal is not None:
+        if recorded is not None and self.journal is not None:
             # caps hold over every attempt of the run: start from what the journal recorded
-            self.carried = self.accountant.carry_over(options.journal.spend(self.run_id))
+            self.carried = self.accountant.carry_over(self.journal.spend(self.run_id))
         else:
             self.carried = None
         self._own_client = client is None
-        self.client = client or (ModelClient(options.base_url, options.api_key,
-                                             max_attempts=options.max_attempts)
+        self.client = client or (make_client(options.provider, options.base_url,
+                                             options.api_key, max_attempts=options.max_attempts)
                                  if options.base_url else None)
         pool_size = pool_size_for(options.budget.max_depth, options.pool_size)
-        # the kernel a caller started ahead of the run (kernels.kernel.head_start), if any: the
+        # the kernel a caller started ahead of the run (kernels.pool.head_start), if any: the
         # root takes it, so its cold start overlaps the host's set-up
         self.pool = KernelPool(pool_size, head=take_head_start() if adopt_head else None)
         self.bridge = BridgeServer(self._handle)
@@ -137,11 +143,11 @@ class RunTree:
     # progress and stages --------------------------------------------------------
     def progress(self, msg: str) -> None:
         """Report ``msg`` to the ``on_progress`` callback (errors in it are ignored), else log."""
-        if not self.opts.on_progress:
+        if not self.on_progress:
             log.info(msg)
             return
         try:
-            self.opts.on_progress(msg)
+            self.on_progress(msg)
         except Exception:
             pass
 
@@ -186,7 +192,7 @@ class RunTree:
         request = {"model": model, "messages": messages, "max_tokens": max_tokens,
                    "temperature": self.opts.temperature}
         # the hash keys the journal and a replay's lookup: not computed when neither is there
-        journaled = self.recorded is not None or self.opts.journal is not None
+        journaled = self.recorded is not None or self.journal is not None
         rh = request_hash(request) if journaled else None
         scope = scope or self.scope
         with self.tree.stage(parent, Kind.model_call, level, model=model, start=False) as st:
@@ -201,8 +207,8 @@ class RunTree:
             comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope)
             st.add_usage(comp.prompt_tokens, comp.completion_tokens, cost)
             st.evidence, st.meta = comp.text, comp.meta()
-        if self.opts.journal is not None:
-            self.opts.journal.record_model_call(
+        if self.journal is not None:
+            self.journal.record_model_call(
                 self.run_id, st.id, request_hash=rh, request=request, response=comp.to_dict(),
                 usage={"prompt_tokens": comp.prompt_tokens,
                        "completion_tokens": comp.completion_tokens, "cost_usd": cost,
@@ -325,7 +331,7 @@ class RunTree:
                 comp: Completion | None = None, cost: float = 0.0, quiet: bool = False) -> None:
         """Append one row to the journal's spend ledger (no journal: nothing). ``quiet``: a
         failure is logged, not raised (the call already happened)."""
-        journal = self.opts.journal
+        journal = self.journal
         if journal is None:
             return
         if event == "reserved":
@@ -390,7 +396,7 @@ class RunTree:
         return self.pool.started
 
     def acquire_kernel(self) -> Kernel:
-        """A started kernel from the pool (see :meth:`kernels.kernel.KernelPool.acquire`).
+        """A started kernel from the pool (see :meth:`kernels.pool.KernelPool.acquire`).
 
         Raises:
             KernelError: no kernel could be started.

@@ -24,7 +24,7 @@ and the model is told how many (:func:`interrupt_note`).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from harness.control import Cancelled, CancelScope, Task, wait_all
 from harness.errors import BudgetExceeded, DivergenceError
@@ -37,8 +37,30 @@ from rlm.context.load import load_context
 from rlm.errors import ChildRLMError, RLMError
 from rlm.core.schema import AnswerCheck, checked_completion, to_json_schema
 
-if TYPE_CHECKING:  # pragma: no cover
-    from rlm.core.loop import RLMLoop
+
+class SubcallOwner(Protocol):
+    """What :class:`Subcalls` reads of the loop whose kernel sends the requests
+    (:class:`rlm.core.loop.RLMLoop` is one)."""
+
+    run_tree: Any
+    stage_id: str
+    level: int
+    scope: CancelScope
+    cell_scope: CancelScope | None
+    current_cell: str | None
+    task: Task | None
+
+
+class ChildLoop(Protocol):
+    """A child RLM loop as :class:`Subcalls` drives it: run to its end, then close its kernel."""
+
+    def run(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+#: Makes a child loop: ``(run_tree, stage_id, level, context, query, model, scope=, check=)``.
+ChildFactory = Callable[..., ChildLoop]
 
 
 def to_bridge_error(exc: BaseException) -> BridgeError:
@@ -75,12 +97,15 @@ class Subcalls:
     """Serves one loop's sub-call requests. Thread-safe (batched items run concurrently).
 
     Args:
-        loop: the :class:`~rlm.core.loop.RLMLoop` whose kernel sends the requests.
+        loop: the loop whose kernel sends the requests (:class:`~rlm.core.loop.RLMLoop`).
+        start_child: makes the loop of a child RLM (the loop's own class; injected so this
+            module does not import the loop that imports it).
     """
 
-    def __init__(self, loop: "RLMLoop") -> None:
+    def __init__(self, loop: SubcallOwner, start_child: ChildFactory) -> None:
         self.loop = loop
         self.run_tree = loop.run_tree
+        self.start_child = start_child
 
     def handle(self, op: str, args: dict) -> Any:
         """Serve one bridge request.
@@ -263,15 +288,14 @@ class Subcalls:
 
     def _child(self, stage: Stage, prompt: Any, query: str | None, scope: CancelScope,
                check: AnswerCheck | None = None) -> str:
-        from rlm.core.loop import RLMLoop
         run = self.run_tree
         with run.stage(existing=stage) as sc:
             try:
                 ctx = load_context(prompt)
             except RLMError as exc:
                 raise ChildRLMError(f"child RLM not started: {exc}", "failed", str(exc)) from None
-            child = RLMLoop(run, sc.id, sc.level, ctx, query, stage.model, scope=scope,
-                            check=check)
+            child = self.start_child(run, sc.id, sc.level, ctx, query, stage.model, scope=scope,
+                                     check=check)
             run.progress(f"level {sc.level}: child {sc.id} started")
             try:
                 out = child.run()

@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from rlm.evaluation.report import format_length, series_label, series_order
+from rlm.evaluation.labels import format_length, series_label, series_order
 
 #: The PNG text chunk holding ``{"series": [label, ...]}``.
 METADATA_KEY = "Description"

@@ -35,7 +35,7 @@ import os
 from typing import Any, Iterator
 
 from rlm.errors import ConfigError, RLMError
-from rlm.evaluation.sweep import TrialSpec, run_trial, trial_record
+from rlm.evaluation.trial import TrialSpec, run_trial, trial_record
 
 #: Ray retries of a trial whose worker process died (the retry resumes from the journal).
 MAX_RETRIES = 2
@@ -142,7 +142,7 @@ def _result(ray: Any, ref: Any, spec: TrialSpec) -> dict:
             raise cause from None
         raise RLMError(f"trial {spec.key()} failed on Ray: {cause or exc}") from None
     except ray.exceptions.RayError as exc:  # the worker died past its retries
-        from rlm.evaluation.sweep import load_sample_factory
+        from rlm.evaluation.trial import load_sample_factory
         sample = load_sample_factory(spec.sample_factory)(spec.task, spec.length, spec.seed,
                                                           spec.trial)
         return trial_record(spec, sample, None, truncated=False, wall_s=0.0, replayed=False,

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlm.errors import ConfigError
+from rlm.evaluation.labels import format_length, series_label, series_order
 from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
 
 log = logging.getLogger(__name__)
@@ -85,22 +86,6 @@ def summarize(trials: list[dict]) -> list[dict]:
     return sorted(rows, key=_sort_key)
 
 
-def series_label(row: dict, with_model: bool = False) -> str:
-    """The plot/table name of a row's (method, depth, profile): "base" or "rlm d1 small".
-
-    A profile given as a file path shows as its file name. ``with_model`` appends
-    " · MODEL" (for reports that mix models).
-    """
-    if row.get("method") == "base":
-        label = "base"
-    else:
-        profile = row.get("profile")
-        label = f"{row.get('method')} d{row.get('depth')}"
-        if profile:
-            label += f" {Path(str(profile)).name}"
-    return f"{label} · {row.get('model')}" if with_model else label
-
-
 def write_report(out_dir: Path, trials: list[dict] | None = None) -> dict[str, Path]:
     """Write the summary tables and plots of a sweep into ``out_dir``.
 
@@ -147,14 +132,6 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_length(tokens: int) -> str:
-    """A context length for people: 8192 -> "8k", 1048576 -> "1M", 32000 -> "32000"."""
-    for size, suffix in ((1 << 20, "M"), (1 << 10, "k")):
-        if tokens >= size and tokens % size == 0:
-            return f"{tokens // size}{suffix}"
-    return str(tokens)
-
-
 def _dedupe(trials: list[dict]) -> list[dict]:
     by_key: dict = {}
     for i, record in enumerate(trials):
@@ -184,13 +161,6 @@ def _row(group: dict, members: list[dict]) -> dict:
     kinds = Counter(m["failure"] for m in members if m.get("failure"))
     row["failures"] = dict(sorted(kinds.items()))
     return row
-
-
-def series_order(row: dict) -> tuple:
-    """Sort key of a row's series: base first, then method, depth, profile and model."""
-    depth = row["depth"] if row["depth"] is not None else -1
-    return (row["method"] != "base", str(row["method"]), depth,
-            str(row["profile"] or ""), str(row["model"] or ""))
 
 
 def _sort_key(row: dict) -> tuple:

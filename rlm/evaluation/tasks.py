@@ -30,19 +30,9 @@ from rlm.models.tokens import count_tokens, encoding
 from rlm.evaluation import corpus, ruler
 from rlm.evaluation.sizing import Built, context_text, fit
 
-__all__ = ["TASK_NAMES", "METRICS", "ANSWER_TOKENS", "MIN_LENGTH", "MAX_LENGTH", "Sample", "make_sample", "parse_length",
+__all__ = ["TASKS", "Task", "TASK_NAMES", "METRICS", "ANSWER_TOKENS", "MIN_LENGTH", "MAX_LENGTH", "Sample", "make_sample", "parse_length",
            "parse_tasks", "score_answer"]
 
-TASK_NAMES: tuple[str, ...] = (*ruler.NIAH, "vt", "cwe", "fwe", "qa_1", "qa_2",
-                               "aggregation", "pairs")
-#: metric of each task (RULER's eval/synthetic/constants.py for RULER's tasks)
-METRICS = {**{t: "string_match_all" for t in (*ruler.NIAH, "vt", "cwe", "fwe")},
-           "qa_1": "string_match_part", "qa_2": "string_match_part",
-           "aggregation": "exact", "pairs": "pairs_f1"}
-#: tokens a model needs for its answer (RULER's ``tokens_to_generate``; ours for the list
-#: tasks: a number, or up to 30 id pairs)
-ANSWER_TOKENS = {**{t: 128 for t in ruler.NIAH}, "vt": 30, "cwe": 120, "fwe": 50,
-                 "qa_1": 32, "qa_2": 32, "aggregation": 16, "pairs": 512}
 MIN_LENGTH = 256
 MAX_LENGTH = 16 * 1024 * 1024
 _UNITS = {"k": 1024, "m": 1024 * 1024}
@@ -243,7 +233,7 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
     def rng_factory() -> random.Random:
         return random.Random(key)
 
-    build, guess, minimum = _builder(task, length, seed, index, rng_factory)
+    build, guess, minimum = TASKS[task].builder(task, length, seed, index, rng_factory)
     built, tokens = fit(build, length, guess, minimum)
     return Sample(task=task, length=length, seed=seed, index=index, context=built.context,
                   query=built.query, expected=list(built.expected), metric=METRICS[task],
@@ -251,26 +241,70 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
                   template=built.template)
 
 
-def _builder(task: str, length: int, seed: int, index: int, rng_factory
-             ) -> tuple[Callable[[int], Built], int, int]:
-    """(units -> Built, first unit guess, minimum units) for one task."""
-    if task in ruler.NIAH:
-        kind, _, _, nk, nv, nq = ruler.NIAH[task]
-        return ((lambda n: ruler.build_niah(task, rng_factory, n)),
-                ruler.units_guess(kind, length), max(nk, nq) * nv)
-    if task == "vt":
-        return (lambda n: ruler.build_vt(rng_factory, n)), ruler.units_guess("vt", length), 5
-    if task == "cwe":
-        return ((lambda n: ruler.build_cwe(rng_factory, n, length < 4096)),
-                ruler.units_guess("cwe", length) * (3 if length < 4096 else 1), 10)
-    if task == "fwe":
-        return ((lambda n: ruler.build_fwe(rng_factory, n, length)),
-                ruler.units_guess("fwe", length), 10)
-    if task in ("qa_1", "qa_2"):
-        dataset = "squad" if task == "qa_1" else "hotpotqa"
-        return ((lambda n: ruler.build_qa(dataset, random.Random(f"{task}|{seed}|{index}"),
-                                          rng_factory, n)),
-                ruler.units_guess(task, length), 1)
-    build = corpus.build_aggregation if task == "aggregation" else corpus.build_pairs
-    return ((lambda n: build(rng_factory, n)),
-            max(1, round(length / corpus.TOKENS_PER_ITEM)), 1)
+#: What a builder returns: (units -> :class:`Built`, first guess of units, minimum units).
+Builder = Callable[[str, int, int, int, Callable[[], random.Random]],
+                   "tuple[Callable[[int], Built], int, int]"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of ``rlm eval``: its metric (RULER's ``eval/synthetic/constants.py`` for RULER's
+    tasks), the tokens a model needs for its answer (RULER's ``tokens_to_generate``; ours for the
+    list tasks: a number, or up to 30 id pairs), and its builder: ``(task, length, seed, index,
+    rng_factory) -> (units -> Built, first unit guess, minimum units)``, :func:`sizing.fit`
+    then finds the units that make ``length`` tokens."""
+
+    metric: str
+    answer_tokens: int
+    builder: Builder
+
+
+def _niah(task, length, seed, index, rng_factory):
+    kind, _, _, nk, nv, nq = ruler.NIAH[task]
+    return ((lambda n: ruler.build_niah(task, rng_factory, n)),
+            ruler.units_guess(kind, length), max(nk, nq) * nv)
+
+
+def _vt(task, length, seed, index, rng_factory):
+    return (lambda n: ruler.build_vt(rng_factory, n)), ruler.units_guess("vt", length), 5
+
+
+def _cwe(task, length, seed, index, rng_factory):
+    return ((lambda n: ruler.build_cwe(rng_factory, n, length < 4096)),
+            ruler.units_guess("cwe", length) * (3 if length < 4096 else 1), 10)
+
+
+def _fwe(task, length, seed, index, rng_factory):
+    return ((lambda n: ruler.build_fwe(rng_factory, n, length)),
+            ruler.units_guess("fwe", length), 10)
+
+
+def _qa(task, length, seed, index, rng_factory):
+    dataset = "squad" if task == "qa_1" else "hotpotqa"
+    return ((lambda n: ruler.build_qa(dataset, random.Random(f"{task}|{seed}|{index}"),
+                                      rng_factory, n)),
+            ruler.units_guess(task, length), 1)
+
+
+def _corpus(build):
+    def builder(task, length, seed, index, rng_factory):
+        return ((lambda n: build(rng_factory, n)),
+                max(1, round(length / corpus.TOKENS_PER_ITEM)), 1)
+    return builder
+
+
+#: The task table: name -> :class:`Task`. A new task is one builder and one entry here.
+TASKS: dict[str, Task] = {
+    **{name: Task("string_match_all", 128, _niah) for name in ruler.NIAH},
+    "vt": Task("string_match_all", 30, _vt),
+    "cwe": Task("string_match_all", 120, _cwe),
+    "fwe": Task("string_match_all", 50, _fwe),
+    "qa_1": Task("string_match_part", 32, _qa),
+    "qa_2": Task("string_match_part", 32, _qa),
+    "aggregation": Task("exact", 16, _corpus(corpus.build_aggregation)),
+    "pairs": Task("pairs_f1", 512, _corpus(corpus.build_pairs)),
+}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+#: metric of each task, and the tokens its answer needs (from :data:`TASKS`)
+METRICS = {name: t.metric for name, t in TASKS.items()}
+ANSWER_TOKENS = {name: t.answer_tokens for name, t in TASKS.items()}

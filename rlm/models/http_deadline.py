@@ -8,8 +8,9 @@ that cuts every connect, read and write to the deadline of the call being made o
 at its deadline whatever the server does: never answers, answers slowly, trickles, resets.
 
 Both ``httpcore`` and ``httpcore2`` pools (what ``httpx`` / ``httpx2`` use) are wrapped by duck
-typing; :func:`install` says whether the client's layout was recognised (``rlm.models.openai_compat`` falls
-back to waiting for the call on a helper thread when it was not).
+typing; :func:`install` says whether the client's layout was recognised
+(:mod:`rlm.models.transport` falls back to waiting for the call on a helper thread when it was
+not). The ``anthropic`` client has the same layout as ``openai``'s and is wrapped the same way.
 """
 from __future__ import annotations
 

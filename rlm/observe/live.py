@@ -17,6 +17,8 @@ import threading
 import time
 from typing import IO, Any, Mapping
 
+from harness.budget.caps import CAPS
+
 __all__ = ["LiveState", "make_display", "plain_line", "follow_run", "watch_runs"]
 
 _TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
@@ -27,13 +29,17 @@ _STYLE = {"completed": "green", "failed": "red", "budget_exceeded": "dark_orange
           "cancelled": "grey50", "running": "cyan", "pending": "grey62", "crashed": "red"}
 
 
+#: How the live view writes an amount of each cap unit (see :data:`harness.budget.caps.CAPS`).
+_SHOW = {"tokens": lambda x: f"{int(x):,}", "USD": lambda x: f"${x:.4f}",
+         "calls": lambda x: f"{int(x)}", "s": lambda x: f"{x:.0f} s"}
+
+
 class LiveState:
     """What the live view knows of one run: active stages and usage so far. Thread-safe."""
 
     def __init__(self, caps: Mapping[str, Any] | None = None, clock=time.time) -> None:
         caps = caps or {}
-        self.caps = {k: caps.get(k) for k in ("max_cost_usd", "max_tokens", "max_calls",
-                                              "max_wall_seconds")}
+        self.caps = {cap.field: caps.get(cap.field) for cap in CAPS}
         self.clock = clock
         self.t0: float | None = None
         self.run_id: str | None = None
@@ -90,11 +96,9 @@ class LiveState:
                              f"  {elapsed:.1f} s elapsed · {n} stages · {len(active)} active")
         caps = Table.grid(padding=(0, 2))
         row = []
-        for label, used, cap, fmt in (
-                ("tokens", tin + tout, self.caps["max_tokens"], lambda x: f"{int(x):,}"),
-                ("cost", cost, self.caps["max_cost_usd"], lambda x: f"${x:.4f}"),
-                ("calls", calls, self.caps["max_calls"], lambda x: f"{int(x)}"),
-                ("wall", elapsed, self.caps["max_wall_seconds"], lambda x: f"{x:.0f} s")):
+        used_by = {"tokens": tin + tout, "cost": cost, "calls": calls, "wall": elapsed}
+        for c in CAPS:
+            label, used, cap, fmt = c.name, used_by[c.name], self.caps[c.field], _SHOW[c.unit]
             if cap:
                 pct = min(100.0, 100.0 * used / cap)
                 style = "red" if pct >= 90 else "dark_orange" if pct >= 70 else "green"

@@ -77,7 +77,7 @@ class _Emitter:
         self.provider = TracerProvider(resource=Resource.create({"service.name": name}),
                                        id_generator=_FixedIds())
         self.provider.add_span_processor(processor)
-        from rlm import __version__
+        from rlm.version import __version__
         self.tracer = self.provider.get_tracer("rlm", __version__)
 
     def emit(self, run_id: str, stage: Mapping[str, Any], call: Mapping | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlm.errors import ConfigError, EmbeddedModelUnavailable
+from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -150,8 +151,8 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 
-#: The model used when none is named (spelled once, in rlm/config/options.py).
-from rlm.config.options import DEFAULT_EMBEDDED_MODEL as DEFAULT_MODEL  # noqa: E402
+#: The model used when none is named (spelled once, in rlm/models/catalog.py).
+DEFAULT_MODEL = DEFAULT_EMBEDDED_MODEL
 
 
 def _spec(model: str | ModelSpec) -> ModelSpec:
