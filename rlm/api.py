@@ -19,8 +19,8 @@ from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run
 
 from rlm.context.load import load_context
 from rlm.errors import DivergenceError
-from rlm.config.options import (DEFAULT_EMBEDDED_MODEL, Options, check_names, external_endpoint,
-                      validate_options)
+from rlm.config.endpoint import external_endpoint
+from rlm.config.options import DEFAULT_EMBEDDED_MODEL, Options, check_names, validate_options
 from rlm.config.records import find_run, open_journal, spec_options, stored_context, stored_source
 from rlm.result import Result
 from rlm.config.build import build_options, context_options, replay_options, resume_options

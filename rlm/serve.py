@@ -491,7 +491,7 @@ def _check_prices_at_start(o: dict) -> None:
     """With a cost cap among the server's defaults, every model it may call must have a price:
     refused at start, not on every request. Raises ConfigError (an unreadable price file, an
     unpriced model)."""
-    from rlm.config.options import external_endpoint
+    from rlm.config.endpoint import external_endpoint
     if o.get("max_cost_usd") is None:
         return
     endpoint = external_endpoint(o)

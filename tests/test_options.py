@@ -114,13 +114,13 @@ def _sample(o) -> str:
 def _argv(command: str) -> list[str]:
     return {"run": ["run", "--context", "c.txt"], "resume": ["resume", "R"],
             "replay": ["replay", "R"], "show": ["show", "R"], "runs": ["runs"],
-            "export": ["export", "R"], "verify": ["verify", "R"]}[command]
+            "export": ["export", "R"], "verify": ["verify", "R"], "serve": ["serve"]}[command]
 
 
 def test_argparse_accepts_every_flag_of_every_command():
     parser = build_parser()
     commands = {c for o in OPTIONS for c in o.commands}
-    assert commands == {"run", "resume", "replay", "show", "runs", "export", "verify"}
+    assert commands == {"run", "resume", "replay", "show", "runs", "export", "verify", "serve"}
     for command in commands:
         takes = [o for o in OPTIONS if o.flag and command in o.commands]
         argv = _argv(command)
@@ -147,6 +147,26 @@ def test_switches_win_over_their_option_flag():
         "embedded_model": reg.LARGE_EMBEDDED_MODEL}
     with pytest.raises(SystemExit):
         parser.parse_args(["resume", "R", "--no-journal"])
+
+
+def test_serve_takes_its_run_defaults_from_the_registry_as_run_does():
+    """Every registry flag of ``rlm serve`` is declared as ``rlm run`` declares it (one action,
+    type, choices and help), and the journal switches work there too."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {c: {f: a for a in sub.choices[c]._actions for f in a.option_strings}
+             for c in ("run", "serve")}
+    served = [o for o in OPTIONS if o.flag and "serve" in o.commands]
+    assert {o.name for o in served} >= {"journal", "base_url", "model", "max_depth",
+                                        "max_cost_usd", "price_file", "provider"}
+    for o in served:
+        run, serve = flags["run"][o.flag], flags["serve"][o.flag]
+        assert (type(serve), serve.type, serve.choices, serve.help) == \
+            (type(run), run.type, run.choices, run.help), o.flag
+    args = parser.parse_args(["serve", "--no-journal", "--max-depth", "2"])
+    assert options_from_args(args, "serve") == {"journal": False, "max_depth": 2}
+    # serve's --api-key is the key its clients send, never the upstream's
+    assert "api_key" not in {o.name for o in served}
 
 
 def test_empty_values_of_plumbing_flags_are_not_given_but_an_empty_url_is():

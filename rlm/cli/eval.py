@@ -111,7 +111,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _endpoint(args) -> tuple[str | None, str, str]:
     """``(base_url or None, model name, api key variable)`` of the sweep."""
-    from rlm.config.options import endpoint_configured
+    from rlm.config.endpoint import endpoint_configured
     api_var = "OPENAI_API_KEY"
     if args.api_key:
         os.environ[API_KEY_VAR] = args.api_key

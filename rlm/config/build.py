@@ -22,7 +22,8 @@ from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
 
 from rlm.errors import ConfigError
-from rlm.config.options import ENDPOINT, OPTIONS, Option, Options, endpoint_configured
+from rlm.config.endpoint import endpoint_configured
+from rlm.config.options import ENDPOINT, OPTIONS, Option, Options
 
 
 def _value(opt: Option, o: Mapping[str, Any], embedded: bool) -> Any:

@@ -29,13 +29,15 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping
 
 from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
 
+from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
+                                 external_endpoint)
 from rlm.errors import ConfigError
-from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS, provider_env
+from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS
 from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
                                 LARGE_EMBEDDED_MODEL)
 
@@ -568,42 +570,3 @@ def _check_number(opt: Option, v: Any) -> None:
 
 
 # -- the endpoint ----------------------------------------------------------------------------
-
-class Endpoint(NamedTuple):
-    """A resolved model endpoint: ``base_url`` (str), ``api_key`` (str | None), ``model`` (str)."""
-
-    base_url: str
-    api_key: str | None
-    model: str
-
-
-def _endpoint_settings(o: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    spec = provider_env(o.get("provider"))  # its own variables: one provider's key stays its own
-    return (o.get("base_url") or os.environ.get(spec.url_env),
-            o.get("api_key") or os.environ.get(spec.key_env))
-
-
-def endpoint_configured(o: Mapping[str, Any]) -> bool:
-    """True if the run goes to an OpenAI-compatible endpoint rather than the embedded model:
-    ``base_url`` or ``api_key`` is given, or ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` is set."""
-    base_url, api_key = _endpoint_settings(o)
-    return bool(base_url or api_key)
-
-
-def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
-    """The configured endpoint (see :func:`endpoint_configured`), or None for the embedded model.
-
-    The URL defaults to ``https://api.openai.com/v1`` when only a key is set; the model name
-    comes from ``model``, else ``$RLM_MODEL``.
-
-    Raises:
-        ConfigError: an endpoint is configured but no model name is.
-    """
-    if not endpoint_configured(o):
-        return None
-    base_url, api_key = _endpoint_settings(o)
-    model = o.get("model") or os.environ.get("RLM_MODEL")
-    if not model:
-        raise ConfigError("a model endpoint is configured but no model name: pass "
-                          "--model NAME (or model=...)")
-    return Endpoint(base_url or provider_env(o.get("provider")).default_url, api_key, model)

@@ -1,0 +1,52 @@
+"""The model endpoint a run talks to, resolved from its options and the provider's environment
+variables (``OPENAI_*`` for ``openai``, ``ANTHROPIC_*`` for ``anthropic``), or None for the
+embedded model."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, NamedTuple
+
+from rlm.errors import ConfigError
+from rlm.models.base import provider_env
+
+__all__ = ["Endpoint", "endpoint_configured", "external_endpoint"]
+
+
+class Endpoint(NamedTuple):
+    """A resolved model endpoint: ``base_url`` (str), ``api_key`` (str | None), ``model`` (str)."""
+
+    base_url: str
+    api_key: str | None
+    model: str
+
+
+def _endpoint_settings(o: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    spec = provider_env(o.get("provider"))  # its own variables: one provider's key stays its own
+    return (o.get("base_url") or os.environ.get(spec.url_env),
+            o.get("api_key") or os.environ.get(spec.key_env))
+
+
+def endpoint_configured(o: Mapping[str, Any]) -> bool:
+    """True if the run goes to an OpenAI-compatible endpoint rather than the embedded model:
+    ``base_url`` or ``api_key`` is given, or ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` is set."""
+    base_url, api_key = _endpoint_settings(o)
+    return bool(base_url or api_key)
+
+
+def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
+    """The configured endpoint (see :func:`endpoint_configured`), or None for the embedded model.
+
+    The URL defaults to ``https://api.openai.com/v1`` when only a key is set; the model name
+    comes from ``model``, else ``$RLM_MODEL``.
+
+    Raises:
+        ConfigError: an endpoint is configured but no model name is.
+    """
+    if not endpoint_configured(o):
+        return None
+    base_url, api_key = _endpoint_settings(o)
+    model = o.get("model") or os.environ.get("RLM_MODEL")
+    if not model:
+        raise ConfigError("a model endpoint is configured but no model name: pass "
+                          "--model NAME (or model=...)")
+    return Endpoint(base_url or provider_env(o.get("provider")).default_url, api_key, model)
