@@ -336,7 +336,7 @@ def test_text_context_without_surrogates_is_not_copied():
 def test_an_ascii_text_is_written_from_its_own_bytes():
     """A big ASCII str is hashed and written from the bytes the string object holds (no
     encoded copy); where those cannot be had, None, and the text is encoded instead."""
-    from rlm.context.load import _ascii_buffer
+    from rlm.context.files import ascii_buffer as _ascii_buffer
 
     text = "".join(chr(32 + i % 95) for i in range(100_000)) + "\n"
     view = _ascii_buffer(text)

@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import json
 
-from rlm.context.formats import suffix
-
-_KIND_TEXT = {"records": "a list of records (JSON Lines)",
-              "rows": "a list of row dicts, column -> str (CSV/TSV)",
-              "pages": "a list of page texts (PDF)", "json": "JSON data (list or dict)",
-              "list": "a list", "dict": "a dict"}
+from rlm.context.formats import describe_kind, suffix
 
 
 def _ignored_text(ignored: dict) -> str:
@@ -25,7 +20,8 @@ def describe_files(info: dict, *, origin: str | None = None, skipped: list = (),
                    show_all: int = 40) -> dict:
     """Metadata of a dict context for the system prompt: keys and sizes, never contents.
 
-    ``info`` maps key -> (kind, characters). With more than ``show_all`` keys the listing
+    ``info`` maps key -> (kind, characters); a kind other than text is described by
+    :func:`rlm.context.formats.describe_kind`. With more than ``show_all`` keys the listing
     is shortened to counts per top directory and extension plus the largest entries.
     Returns :func:`rlm.context.load.describe`'s fields plus ``listing`` (the prompt's text),
     ``skipped`` and ``ignored``.
@@ -43,7 +39,7 @@ def describe_files(info: dict, *, origin: str | None = None, skipped: list = (),
         if kind != "text":
             kinds.setdefault(kind, []).append(k)
     if kinds:
-        s += "; except " + "; ".join(f"{len(ks)} key(s) whose value is {_KIND_TEXT.get(kd, kd)}"
+        s += "; except " + "; ".join(f"{len(ks)} key(s) whose value is {describe_kind(kd)}"
                                      f" ({', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''})"
                                      for kd, ks in kinds.items())
     s += "."

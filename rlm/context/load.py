@@ -1,11 +1,12 @@
 """Loading a context from a file, several files, stdin or a Python value, and describing it.
 
 A context is a ``str``, a ``list`` (of str or JSON-like items) or a JSON-like
-``dict``. A single file: ``.json`` is parsed as JSON; ``.jsonl``, ``.csv``/``.tsv``,
-``.pdf``, ``.html`` and compressed files are read by :mod:`rlm.context.formats`; anything
-else is text. A directory, a glob, a list of paths, or a mapping with ``Path``
-values becomes a dict of relative path -> value (:mod:`rlm.context.sources`). Text is
-UTF-8, or its encoding is detected (``charset-normalizer``) unless one is given.
+``dict``. A single file is read by the format its suffix names in
+:data:`rlm.context.formats.FORMATS` (``.json`` parsed as JSON, ``.jsonl``, ``.csv``, ...;
+compressed files decompressed first); anything else is text (the reading steps:
+:mod:`rlm.context.reading`). A directory, a glob, a list of paths, or a mapping with
+``Path`` values becomes a dict of relative path -> value (:mod:`rlm.context.sources`).
+Text is UTF-8, or its encoding is detected (``charset-normalizer``) unless one is given.
 Bad input is refused with a message that says what to do:
 
 - a missing path, a glob that matches nothing: ``ContextError``
@@ -25,16 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
-import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.text import clean, clean_text
 
-from rlm.context import formats
+from rlm.context import files, formats, reading
 from rlm.errors import ContextError
 from rlm.models.tokens import estimate_tokens
 
@@ -69,7 +67,8 @@ class LoadedContext:
     spec: dict | None = None
     #: ``path`` was given away to a kernel (see :meth:`share`): the host has no file now
     _given: bool = False
-    #: the file's writing and hashing still under way on a thread (:class:`_Behind`), or None
+    #: the file's writing and hashing still under way on a thread
+    #: (:class:`rlm.context.files.Behind`), or None
     _behind: Any = None
     #: ``(size, mtime_ns)`` of the user's own file when the kernel reads it in place (not
     #: ``owned``): checked again before the kernel is given it (:meth:`share`), and the size
@@ -143,8 +142,7 @@ class LoadedContext:
                 self.settle()
             dest = kernel.share_file(self.path, self.fmt, True)
         except OSError as exc:  # the kernel's private copy, on a full disk say
-            from rlm.context.sources import scratch_error
-            raise scratch_error(exc, None) from None
+            raise files.scratch_error(exc, None) from None
         if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
             self._given = True
         return dest
@@ -169,7 +167,7 @@ class LoadedContext:
         if self.stamp is None:
             return
         try:
-            now = _stamp(os.stat(self.path))
+            now = reading.stamp_of(os.stat(self.path))
         except OSError:
             now = None
         if now != self.stamp:
@@ -197,51 +195,6 @@ class LoadedContext:
                     os.unlink(p)
                 except OSError:
                     pass
-
-
-def _blank(text: str | bytes) -> bool:
-    """True if ``text`` is empty or only whitespace; stops at the first other character
-    (``strip()`` would copy a whole context that ends in a newline)."""
-    return not text or text.isspace()
-
-
-def _check_bytes(data: bytes, source: str) -> None:
-    if _blank(data):
-        raise ContextError(f"context {source} is empty; give a file with the text to work on")
-    if b"\x00" in data[:65536] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise ContextError(f"context {source} looks binary (it contains NUL bytes); "
-                           "give a text or .json file (convert office files to text first)")
-
-
-def _read_capped(f, limit: int, source: str, *, sized: bool, early: bool) -> bytes:
-    """All of ``f`` (a binary file object: a file, a device, a pipe, stdin), refusing more than
-    ``limit`` bytes. ``sized``: a regular file already checked against ``limit`` by its size,
-    read in one buffer; otherwise it is read in chunks and never past ``limit + 1`` bytes.
-    ``early``: check the first chunk for NUL bytes before reading on (for sources with no
-    size, which may never end).
-
-    Raises:
-        ContextError: over ``limit``, or binary at its start (``early``).
-    """
-    from rlm.context.sources import _CHUNK, _human
-    if sized:
-        data = f.read()  # one buffer of the file's size
-        if len(data) <= limit:  # (it may have grown since its size was checked)
-            return data
-    else:
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit:
-            chunk = f.read(min(_CHUNK, limit + 1 - total))
-            if not chunk:
-                return b"".join(chunks)
-            if early and not chunks and not _blank(chunk):
-                _check_bytes(chunk, source)
-            chunks.append(chunk)
-            total += len(chunk)
-    raise ContextError(f"context {source} holds more than --max-context-bytes {limit:,} "
-                       f"({_human(limit)}): reading stopped there. Give a smaller input, or "
-                       "raise --max-context-bytes")
 
 
 def _decode(data: bytes, source: str, encoding: str | None) -> tuple[str, str | None]:
@@ -308,10 +261,10 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
         cleaned = clean(source)
         return _write(cleaned, "json", "<value>", scratch_dir, blob if cleaned is source else None)
     if isinstance(source, bytes):
-        _check_bytes(source, "<bytes>")
+        reading.check_bytes(source, "<bytes>")
         raw = source
         source, detected = _decode(raw, "<bytes>", encoding)
-        if _blank(source):
+        if reading.blank(source):
             raise ContextError("context is empty; give the text to work on")
         # bytes read as UTF-8 (no BOM, no other encoding found) are the text's own encoding
         same = formats.is_utf8(encoding) and detected is None and not raw.startswith(b"\xef\xbb\xbf")
@@ -323,7 +276,7 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
     if isinstance(source, str):
         if type(source) is not str:  # a subclass: its own text, not what its methods say
             source = str.__str__(source)
-        if _blank(source):
+        if reading.blank(source):
             raise ContextError("context is empty; give the text to work on")
         return _write_text(source, "<value>", scratch_dir)
     raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
@@ -341,138 +294,107 @@ def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored:
 
 def _load_file(path: str, encoding: str, is_json: bool | None, scratch_dir: str | None,
                max_bytes: int | None = None) -> LoadedContext:
-    from rlm.context.sources import DEFAULT_MAX_BYTES, _too_big, shown_path
+    """One file, or stdin (``"-"``), as a context, in steps: stat and refuse, read (up to
+    the cap), decompress, convert by its format (:data:`rlm.context.formats.FORMATS`; JSON
+    by :func:`_load_json`), then hash and hand over (:func:`_hand_over`).
+
+    Raises:
+        ContextError: an empty path, a missing file, a directory, an empty, binary,
+            undecodable, malformed or too big input, or a file that changed while read.
+    """
+    from rlm.context.sources import DEFAULT_MAX_BYTES
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
-    regular = False  # a regular file (read in place by the kernel when it can be)
-    stamp = None  # its (size, mtime_ns) as read
-    name = "" if path == "-" else Path(path).name
-    inner, comp = formats.split_suffixes(name)
-    if path == "-":
-        source = "<stdin>"
-        data = _read_capped(sys.stdin.buffer, limit, source, sized=False, early=True)
-    else:
-        if not path:
-            raise ContextError("the context path is empty: give a file, a directory or '-' "
-                               "for stdin")
-        p = Path(path)
-        if not p.exists():
-            raise ContextError(f"context file not found: {shown_path(path)}")
-        if p.is_dir():
-            raise ContextError(f"context path is a directory, not a file: {shown_path(path)}")
-        source = path
-        try:
-            st = p.stat()
-            regular = stat.S_ISREG(st.st_mode)
-            if regular and st.st_size > limit:
-                raise _too_big([(p.name, st.st_size)], limit, path)
-            with open(p, "rb") as f:
-                # a device or a pipe has no size: read it up to the cap, and give up at once
-                # on one whose first bytes are binary (/dev/zero, /dev/urandom)
-                data = _read_capped(f, limit, source, sized=regular, early=not regular and
-                                    not comp and formats.suffix(inner) != ".pdf")
-                if regular:
-                    stamp = _stamp(os.fstat(f.fileno()))
-                    if stamp != _stamp(st) or stamp[0] != len(data):
-                        raise ContextError(f"context file {shown_path(path)} changed while it "
-                                           "was read; run again once nothing writes to it")
-        except OSError as exc:
-            raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
-    if _blank(data):
-        _check_bytes(data, source)
-    if comp:
-        try:
-            data = formats.decompress(data, comp, source, limit)
-        except formats.TooBig:
-            raise _too_big([(name, limit)], limit, path, unfinished=name) from None
-        name = inner
-    if formats.suffix(name) != ".pdf":
-        _check_bytes(data, source)
-    want_json = is_json if is_json is not None else name.lower().endswith(".json")
-    if want_json:
-        text, _ = _decode(data, source, encoding)
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ContextError(f"context {source} is not valid JSON (line {exc.lineno}, "
-                               f"column {exc.colno}: {exc.msg})") from None
-        if not isinstance(value, (str, list, dict)):
-            kind = {type(None): "null", bool: "boolean", int: "number", float: "number"}.get(
-                type(value), type(value).__name__)
-            raise ContextError(f"context {source} holds a JSON {kind}; a JSON context must be a "
-                               "string, a list or an object")
-        if not value or (isinstance(value, str) and _blank(value)):
-            raise ContextError(f"context {source} is an empty JSON {type(value).__name__}; "
-                               "give the data to work on")
-        cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
-        if isinstance(cleaned, str):
-            return _write_text(cleaned, source, scratch_dir)
-        if path != "-" and not comp and cleaned is value and data[:3] != b"\xef\xbb\xbf" and \
-                formats.is_utf8(encoding):
-            return LoadedContext(value, "json", os.path.abspath(path), False, source,
-                                 stamp=stamp)
-        return _write(cleaned, "json", source, scratch_dir)
-    conv = formats.convert(name, data, source, encoding)
+    read = reading.read_stdin(limit) if path == "-" else reading.read_file(path, limit)
+    reading.decompress(read, limit)
+    fmt = _format(read.name, is_json)
+    if fmt is formats.JSON:
+        return _load_json(read, encoding, scratch_dir)
+    conv = formats.convert(read.name, read.data, read.source, encoding, fmt=fmt)
+    return _hand_over(read, conv, encoding, scratch_dir)
+
+
+def _format(name: str, is_json: bool | None) -> formats.Format:
+    """The format to read the file ``name`` as: by its suffix (:func:`formats.format_of`),
+    or forced: JSON (``is_json`` True), or not JSON (False: a ``.json`` file is text)."""
+    if is_json:
+        return formats.JSON
+    fmt = formats.format_of(name)
+    return formats.TEXT if is_json is False and fmt is formats.JSON else fmt
+
+
+def _load_json(read: reading.Read, encoding: str | None, scratch_dir: str | None) -> LoadedContext:
+    """A JSON file's value (:func:`formats.parse_json`): a JSON string is a text context;
+    a list or an object is read by the kernel from the user's own file when its bytes are
+    that value's UTF-8 JSON (a regular file, not compressed, no BOM, no text to clean),
+    else from a scratch file.
+
+    Raises:
+        ContextError: not JSON, a JSON scalar, an empty value, or a scratch file that could
+            not be written.
+    """
+    text, detected = _decode(read.data, read.source, encoding)
+    value = formats.parse_json(text, read.source)
+    if not value or (isinstance(value, str) and reading.blank(value)):
+        raise ContextError(f"context {read.source} is an empty JSON {type(value).__name__}; "
+                           "give the data to work on")
+    cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
+    if isinstance(cleaned, str):
+        return _write_text(cleaned, read.source, scratch_dir)
+    if read.regular and not read.comp and cleaned is value and detected is None \
+            and not read.data.startswith(reading.BOM) and formats.is_utf8(encoding):
+        return LoadedContext(value, "json", os.path.abspath(read.path), False, read.source,
+                             stamp=read.stamp)
+    return _write(cleaned, "json", read.source, scratch_dir)
+
+
+def _hand_over(read: reading.Read, conv: formats.Converted, encoding: str | None,
+               scratch_dir: str | None) -> LoadedContext:
+    """A converted file as a context for the kernel: refused when empty; the plain UTF-8
+    text of a regular file is read by the kernel in place (:func:`_in_place`); anything
+    else is written to a scratch file, with a note on what it holds when it was converted.
+
+    Raises:
+        ContextError: nothing in it, or a scratch file that could not be written.
+    """
     if conv.kind != "text" and not conv.value:
-        raise ContextError(f"context {source} is empty (no {conv.kind}); give the data to work on")
-    if conv.kind == "text" and _blank(conv.value):
-        raise ContextError(f"context {source} is empty; give a file with the text to work on")
-    if conv.kind == "text" and not conv.notes and regular and not comp \
-            and formats.is_utf8(encoding) \
-            and not data.startswith(b"\xef\xbb\xbf"):
-        # the kernel reads the user's file in place: its bytes are the text's UTF-8 encoding
-        # (hashed behind when big, like a file the host writes)
-        ctx = LoadedContext(conv.value, "text", os.path.abspath(path), False, source,
-                            stamp=stamp)
-        if len(data) >= _WRITE_BEHIND:
-            ctx._behind = _Behind(_sha256_hex, data)
-        else:
-            ctx._sha256 = _sha256_hex(data)
-        return ctx
-    ctx = (_write_text(conv.value, source, scratch_dir) if conv.kind == "text"
-           else _write(conv.value, "json", source, scratch_dir))
+        what = "keys" if isinstance(conv.value, dict) else conv.kind
+        raise ContextError(f"context {read.source} is empty (no {what}); give the data to "
+                           "work on")
+    if conv.kind == "text" and reading.blank(conv.value):
+        raise ContextError(f"context {read.source} is empty; give a file with the text to "
+                           "work on")
+    if conv.kind == "text" and not conv.notes and read.regular and not read.comp \
+            and formats.is_utf8(encoding) and not read.data.startswith(reading.BOM):
+        return _in_place(read, conv.value)
+    ctx = (_write_text(conv.value, read.source, scratch_dir) if conv.kind == "text"
+           else _write(conv.value, "json", read.source, scratch_dir))
     if conv.notes or conv.kind != "text":
-        what = {"records": "a list of JSON Lines records", "rows": "a list of row dicts "
-                "(column -> str)", "pages": "a list of page texts"}.get(conv.kind, "text")
+        what = formats.describe_kind(conv.kind, phrase=True)
+        name = os.path.basename(read.path) or read.source
         ctx.meta = describe(conv.value)
-        ctx.meta["note"] = f"It holds {what} read from {os.path.basename(path) or source}" + (
+        ctx.meta["note"] = f"It holds {what} read from {name}" + (
             f" ({'; '.join(conv.notes)})" if conv.notes else "") + "."
+        if "listing" in ctx.meta:  # a dict's listing is the prompt's whole text (TOML)
+            ctx.meta["listing"] += " " + ctx.meta["note"]
+    return ctx
+
+
+def _in_place(read: reading.Read, text: str) -> LoadedContext:
+    """The user's own file for the kernel to read: its bytes are the text's UTF-8 encoding,
+    hashed from them (behind, on a thread, when big: like a file the host writes)."""
+    ctx = LoadedContext(text, "text", os.path.abspath(read.path), False, read.source,
+                        stamp=read.stamp)
+    if len(read.data) >= _WRITE_BEHIND:
+        ctx._behind = files.Behind(_sha256_hex, read.data)
+    else:
+        ctx._sha256 = _sha256_hex(read.data)
     return ctx
 
 
 #: From this size (bytes, or characters of an ASCII text) a text context's file is written and
-#: hashed behind, on a thread (:class:`_Behind`), so that the caller's own set-up overlaps it.
+#: hashed behind, on a thread (:class:`rlm.context.files.Behind`), so that the caller's own
+#: set-up overlaps it.
 _WRITE_BEHIND = 1 << 20
-
-
-class _Behind:
-    """``fn(*args)`` run on a daemon thread, its result collected later (:meth:`result`).
-    Where no thread can be started, it runs at once, in the caller's thread."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, args=(fn, args), daemon=True,
-                                        name="rlm-context-write")
-        try:
-            self._thread.start()
-        except RuntimeError:  # no thread can be started now: do it here
-            self._thread = None
-            self._work(fn, args)
-
-    def _work(self, fn: Callable[..., Any], args: tuple) -> None:
-        try:
-            self._value = fn(*args)
-        except BaseException as exc:  # handed to whoever collects the result
-            self._error = exc
-
-    def result(self) -> Any:
-        """Wait for the work; its return value, or the exception it raised (raised again
-        on every call)."""
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def _write_text(text: str, source: str, scratch_dir: str | None,
@@ -480,11 +402,11 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
     """Write a text context to a temporary file for the kernel, hashing it on the way.
 
     The file holds the text's UTF-8 bytes, hashed (sha256, for
-    :attr:`LoadedContext.sha256`) when they are written (:func:`_write_hashed`). A big one
-    (from :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
+    :attr:`LoadedContext.sha256`) when they are written (:func:`files.write_hashed`). A big
+    one (from :data:`_WRITE_BEHIND`) is written behind, on a thread: this returns at once and
     :meth:`LoadedContext.settle` (called by :meth:`~LoadedContext.share` and
     :attr:`~LoadedContext.sha256`) waits for it. A big ASCII text, the common case, is
-    not encoded at all: its own bytes are written (:func:`_ascii_buffer`).
+    not encoded at all: its own bytes are written (:func:`files.ascii_buffer`).
     A text UTF-8 cannot encode (a lone surrogate) follows the text policy of
     :mod:`harness.text` (U+FFFD in the file, the value and the hash); text without one is
     kept as the very object given (no copy).
@@ -496,97 +418,24 @@ def _write_text(text: str, source: str, scratch_dir: str | None,
         ContextError: the file could not be written (it is removed; a full disk, say); for a
         file written behind, raised by :meth:`LoadedContext.settle` instead.
     """
-    import tempfile
     if data is None and not (len(text) >= _WRITE_BEHIND and text.isascii()):
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             text = clean_text(text)
             data = text.encode("utf-8")
-    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".txt", dir=scratch_dir)
+    fd, path = files.new_file(".txt", scratch_dir)
     ctx = LoadedContext(text, "text", path, True, source)
     if len(text if data is None else data) >= _WRITE_BEHIND:
-        ctx._behind = _Behind(_write_hashed, fd, path, text, data)
+        ctx._behind = files.Behind(files.write_hashed, fd, path, text, data)
     else:
-        ctx._sha256 = _write_hashed(fd, path, text, data)
+        ctx._sha256 = files.write_hashed(fd, path, text, data)
     return ctx
-
-
-def _stamp(st: os.stat_result) -> tuple:
-    """``(size, mtime_ns)``: what tells a file changed since it was read."""
-    return st.st_size, st.st_mtime_ns
 
 
 def _sha256_hex(data: bytes) -> str:
     """The sha256 of ``data``, hex."""
     return hashlib.sha256(data).hexdigest()
-
-
-def _ascii_buffer(text: str) -> memoryview | None:
-    """The bytes CPython stores an ASCII ``str`` in, which are its UTF-8 encoding, as a
-    read-only view into the string object itself (no copy), or None where they cannot be had
-    that way: another Python, a ``str`` subclass, a string not in the compact ASCII layout,
-    or a view whose first and last bytes are not the text's (checked every time).
-
-    Encoding a 50 MB text copies it into 50 MB of fresh memory, and the page faults cost as
-    much as the copy: 30-40 ms here, with the GIL held, taken from a caller busy importing.
-    Hashing and writing this view take the GIL for neither. The view is only valid while
-    ``text`` is alive: the caller keeps a reference to it.
-    """
-    if sys.implementation.name != "cpython" or type(text) is not str or not text.isascii():
-        return None
-    n = len(text)
-    head = sys.getsizeof("") - 1  # a compact ASCII str: its header, then n bytes and a NUL
-    if n == 0 or sys.getsizeof(text) != head + n + 1:
-        return None
-    import ctypes
-    view = memoryview((ctypes.c_char * n).from_address(id(text) + head)).cast("B")
-    k = min(n, 256)
-    if view[:k] != text[:k].encode("ascii") or view[n - k:] != text[n - k:].encode("ascii"):
-        return None
-    return view.toreadonly()
-
-
-def _write_hashed(fd: int, path: str, text: str, data: bytes | None) -> str:
-    """Write ``data`` (None: the ASCII ``text``'s own bytes, :func:`_ascii_buffer`, or its
-    encoding where those cannot be had) to the file open as ``fd`` (its name ``path``) and
-    close it (:func:`_write_file`); returns the sha256 (hex) of the bytes written. Hashing
-    and writing release the GIL.
-
-    Raises:
-        ContextError: the file could not be written (it is removed), naming it.
-    """
-    try:
-        buf = data if data is not None else _ascii_buffer(text)
-        if buf is None:
-            buf = text.encode("ascii")
-        digest = hashlib.sha256(buf).hexdigest()
-    except BaseException:
-        from rlm.context.sources import _remove
-        os.close(fd)
-        _remove(path)
-        raise
-    _write_file(fd, path, buf)
-    return digest
-
-
-def _write_file(fd: int, path: str, buf: Any) -> None:
-    """Write ``buf`` (bytes-like) to the file open as ``fd`` (its name ``path``) and close it.
-
-    Raises:
-        ContextError: it could not be written (a full disk, say): the file is removed, and
-        the error names it (an error from ``write`` names no file).
-    """
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf)
-    except BaseException as exc:
-        from rlm.context.sources import _naming, _remove
-        _remove(path)
-        named = _naming(exc, path)
-        if named is exc:
-            raise
-        raise named from None
 
 
 def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
@@ -596,14 +445,12 @@ def _write(value: Any, fmt: str, source: str, scratch_dir: str | None,
     pass of the C encoder, and written with one ``write``).
 
     Raises:
-        ContextError: the file could not be written (:func:`_write_file`).
+        ContextError: the file could not be written (:func:`files.write_file`).
     """
     if fmt == "text":
         return _write_text(value, source, scratch_dir)
-    import tempfile
     data = (json.dumps(value, ensure_ascii=False) if blob is None else blob).encode("utf-8")
-    fd, path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".json", dir=scratch_dir)
-    _write_file(fd, path, data)
+    path = files.write_new(data, ".json", scratch_dir)
     return LoadedContext(value, fmt, path, True, source)
 
 

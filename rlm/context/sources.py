@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -35,15 +34,14 @@ from typing import Any, Iterable
 from harness.text import clean, clean_text
 
 from rlm.context import formats
-from rlm.errors import ContextError
+from rlm.context.files import BlobWriter, naming, write_new
 from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re-exported)
+from rlm.errors import ContextError
 
 DEFAULT_MAX_BYTES = 2_000_000_000
 SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
 _MAGIC = re.compile(r"[*?\[]")
 _CHUNK = 1 << 20
-#: suffixes whose files are converted (not read in place) even when they are UTF-8
-_CONVERTED = frozenset({".jsonl", ".ndjson", ".csv", ".tsv", ".pdf", ".html", ".htm", ".xhtml"})
 
 
 @dataclass
@@ -256,67 +254,6 @@ def _too_big(sizes: list, limit: int, what: str, *,
                         "--exclude PATTERN (or --include), or raise --max-context-bytes")
 
 
-class _Writer:
-    """Appends converted values to one scratch file, recording each entry's slice."""
-
-    def __init__(self, scratch_dir: str | None) -> None:
-        self.scratch_dir, self.path, self.f, self.pos = scratch_dir, None, None, 0
-
-    def add(self, data: bytes) -> tuple[str, int]:
-        if self.f is None:
-            fd, self.path = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".blob", dir=self.scratch_dir)
-            self.f = os.fdopen(fd, "wb")
-        off = self.pos
-        self.f.write(data)
-        self.pos += len(data)
-        return self.path, off
-
-    def close(self) -> None:
-        """Close the file (flushing it: OSError on a full disk)."""
-        if self.f is not None:
-            f, self.f = self.f, None
-            f.close()
-
-    def discard(self) -> None:
-        """Close and remove the file, if one was started; never raises."""
-        try:
-            self.close()
-        except OSError:
-            pass
-        if self.path:
-            _remove(self.path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _naming(exc: BaseException, path: str | None) -> BaseException:
-    """``exc``, or for an OSError (a ``write`` on a full disk names no file) a
-    :class:`~rlm.errors.ContextError` naming ``path``, the scratch file it was writing, and
-    what to do."""
-    if isinstance(exc, OSError):
-        return scratch_error(exc, path)
-    return exc
-
-
-def scratch_error(exc: OSError, path: str | None) -> ContextError:
-    """The :class:`~rlm.errors.ContextError` for a context file that could not be written
-    (``exc``; ``path``: the file, when the error does not name it), e.g. a full disk."""
-    where = path or exc.filename2 or exc.filename
-    folder = os.path.dirname(str(where)) if where else tempfile.gettempdir()
-    if os.path.basename(folder).startswith("rlm-k-"):  # a kernel's directory, removed by now
-        folder = os.path.dirname(folder)
-    err = ContextError(f"could not write the context for the kernel: {exc.strerror or exc}"
-                       + (f" ({where})" if where else "") + f"; free space in {folder} or "
-                       "point TMPDIR at a disk with room")
-    err.errno = exc.errno  # type: ignore[attr-defined]
-    return err
-
-
 def _scan_in_place(path: str) -> tuple[int, int, int, str] | None:
     """Check a file is UTF-8 text without holding it: ``(offset, nbytes, chars, sha256)``,
     or None when it needs converting (not UTF-8, a BOM other than UTF-8's, NUL bytes)."""
@@ -374,91 +311,161 @@ def build(items: list, *, origin: str, encoding: str | None = None,
             than ``max_bytes`` of text (naming the biggest contributors).
     """
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+    _check_sizes_on_disk(items, limit, origin)
+    enc = None if encoding in (None, "", "auto") else encoding
+    b = _Builder(origin, enc, limit, BlobWriter(scratch_dir))
+    try:
+        for key, src in items:
+            b.add(key, src)
+        b.writer.close()
+    except BaseException as exc:
+        b.writer.discard()
+        named = naming(exc, b.writer.path)
+        if named is exc:
+            raise
+        raise named from None
+    if not b.entries:
+        _refuse_nothing_loaded(b, origin, ignored)
+    manifest = _write_manifest(b, scratch_dir)
+    meta = describe_files(b.info, origin=origin, skipped=b.skipped, ignored=ignored or {},
+                          notes=b.notes)
+    return Bundle(manifest, b.writer.path, b.digest.hexdigest(), meta, len(b.entries), origin)
+
+
+def _check_sizes_on_disk(items: list, limit: int, origin: str) -> None:
+    """Refuse at once files whose sizes on disk add up past ``limit`` (compressed files are
+    counted as they decompress, by :class:`_Builder`)."""
     disk = [(k, os.path.getsize(v)) for k, v in items if isinstance(v, Path)
             and formats.split_suffixes(k)[1] is None]
     if sum(s for _, s in disk) > limit:
         raise _too_big(disk, limit, origin)
-    enc = None if encoding in (None, "", "auto") else encoding
-    writer, entries, info, skipped, notes = _Writer(scratch_dir), [], {}, [], {}
-    digest, total, loaded_sizes = hashlib.sha256(), 0, []
-    try:
-        for key, src in items:
-            if isinstance(src, Path):
-                path, size = str(src), os.path.getsize(src)
-                inner, comp = formats.split_suffixes(os.path.basename(path))
-                suf = formats.suffix(inner)
-                scan = None
-                if comp is None and suf not in _CONVERTED and suf not in formats.BINARY_SUFFIXES \
-                        and enc in (None, "utf-8", "utf8"):
-                    scan = _scan_in_place(path)
-                if scan is not None:
-                    off, n, chars, sha = scan
-                    entry, kind, value_sha = [key, os.path.abspath(path), off, n, "text"], "text", sha
-                else:
-                    try:
-                        with open(path, "rb") as f:
-                            data = f.read()
-                        conv = formats.convert(os.path.basename(path), data, key, enc,
-                                               limit=limit - total, lenient=True)
-                    except formats.TooBig:
-                        raise _too_big(loaded_sizes + [(key, limit - total)], limit,
-                                       origin, unfinished=key) from None
-                    except formats.Unreadable as exc:
-                        skipped.append((key, size, exc.reason))
-                        continue
-                    except ContextError as exc:  # an explicit --encoding that does not fit
-                        skipped.append((key, size, str(exc).split(" (", 1)[0].replace(
-                            f"context {key} is ", "")))
-                        continue
-                    del data
-                    kind = conv.kind
-                    if conv.notes:
-                        notes[key] = conv.notes
-                    entry, chars, value_sha, n = _store(writer, key, conv.value, kind)
-            else:
-                kind = "text" if isinstance(src, str) else "json"
-                entry, chars, value_sha, n = _store(writer, key, src, kind)
-            total += n
-            loaded_sizes.append((key, n))
-            if total > limit:
-                raise _too_big(loaded_sizes, limit, origin)
-            digest.update(json.dumps([key, entry[4], value_sha]).encode() + b"\n")
-            entries.append(entry)
-            info[key] = (kind, chars)
-        writer.close()
-    except BaseException as exc:
-        writer.discard()
-        named = _naming(exc, writer.path)
-        if named is exc:
-            raise
-        raise named from None
-    if not entries:
-        if writer.path:
-            os.unlink(writer.path)
-        if not skipped:
-            extra = _ignored_text(ignored or {})
-            raise ContextError(f"context {origin}: no files to read there" +
-                               (f" ({extra})" if extra else "") + "; give a directory with text files")
-        shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
-        raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
-                           f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}")
-    fd, manifest = tempfile.mkstemp(prefix="rlm-ctx-", suffix=".manifest.json", dir=scratch_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # ASCII: a path that is not UTF-8 keeps its surrogate escapes for the kernel's open()
-            json.dump({"version": 1, "entries": entries}, f)
-    except BaseException as exc:
-        writer.discard()
-        _remove(manifest)
-        named = _naming(exc, manifest)
-        if named is exc:
-            raise
-        raise named from None
-    meta = describe_files(info, origin=origin, skipped=skipped, ignored=ignored or {}, notes=notes)
-    return Bundle(manifest, writer.path, digest.hexdigest(), meta, len(entries), origin)
 
 
-def _store(writer: _Writer, key: str, value: Any, kind: str):
+@dataclass
+class _Builder:
+    """The state of one :func:`build`: the scratch file, the manifest's entries, the
+    listing's facts, and the running total and hash."""
+
+    origin: str
+    enc: str | None
+    limit: int
+    writer: BlobWriter
+    entries: list = field(default_factory=list)        # manifest entries, in key order
+    info: dict = field(default_factory=dict)           # key -> (kind, characters)
+    skipped: list = field(default_factory=list)        # (key, bytes, reason): not text
+    notes: dict = field(default_factory=dict)          # key -> notes of its conversion
+    digest: Any = field(default_factory=hashlib.sha256)
+    total: int = 0                                     # bytes loaded so far
+    loaded_sizes: list = field(default_factory=list)   # (key, bytes) loaded so far
+
+    def add(self, key: str, src: Any) -> None:
+        """Load one item: a file (read in place, or converted into the scratch file; a
+        file that is not text is skipped and listed) or a value given."""
+        if isinstance(src, Path):
+            loaded = self._read_file(key, src)
+            if loaded is None:
+                return
+            kind, (entry, chars, value_sha, n) = loaded
+        else:
+            kind = "text" if isinstance(src, str) else "json"
+            entry, chars, value_sha, n = _store(self.writer, key, src, kind)
+        self._record(key, kind, entry, chars, value_sha, n)
+
+    def _read_file(self, key: str, src: Path) -> tuple[str, tuple] | None:
+        """``(kind, (entry, chars, sha256, bytes))`` for a file, or None: skipped."""
+        path, size = str(src), os.path.getsize(src)
+        inner, comp = formats.split_suffixes(os.path.basename(path))
+        scan = None
+        if comp is None and formats.format_of(inner, directory=True) is formats.TEXT \
+                and formats.suffix(inner) not in formats.BINARY_SUFFIXES \
+                and self.enc in (None, "utf-8", "utf8"):
+            scan = _scan_in_place(path)
+        if scan is not None:  # UTF-8 text: the kernel reads the user's file in place
+            off, n, chars, sha = scan
+            return "text", ([key, os.path.abspath(path), off, n, "text"], chars, sha, n)
+        conv = self._convert(key, path, size)
+        if conv is None:
+            return None
+        if conv.notes:
+            self.notes[key] = conv.notes
+        return conv.kind, _store(self.writer, key, conv.value, conv.kind)
+
+    def _convert(self, key: str, path: str, size: int) -> formats.Converted | None:
+        """A file's converted value (:func:`rlm.context.formats.convert`), or None when it
+        is not text (skipped, with its size and why).
+
+        Raises:
+            ContextError: it decompresses past the cap (naming the biggest contributors).
+        """
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            return formats.convert(os.path.basename(path), data, key, self.enc,
+                                   limit=self.limit - self.total, lenient=True)
+        except formats.TooBig:
+            raise _too_big(self.loaded_sizes + [(key, self.limit - self.total)], self.limit,
+                           self.origin, unfinished=key) from None
+        except formats.Unreadable as exc:
+            self.skipped.append((key, size, exc.reason))
+        except ContextError as exc:  # an explicit --encoding that does not fit
+            self.skipped.append((key, size, str(exc).split(" (", 1)[0].replace(
+                f"context {key} is ", "")))
+        return None
+
+    def _record(self, key: str, kind: str, entry: list, chars: int, value_sha: str,
+                n: int) -> None:
+        """Count a loaded entry against the cap and into the hash, the manifest and the
+        listing.
+
+        Raises:
+            ContextError: the total is now past the cap.
+        """
+        self.total += n
+        self.loaded_sizes.append((key, n))
+        if self.total > self.limit:
+            raise _too_big(self.loaded_sizes, self.limit, self.origin)
+        self.digest.update(json.dumps([key, entry[4], value_sha]).encode() + b"\n")
+        self.entries.append(entry)
+        self.info[key] = (kind, chars)
+
+
+def _refuse_nothing_loaded(b: _Builder, origin: str, ignored: dict | None) -> None:
+    """Raise the ContextError for a build that loaded nothing: no files at all, or only
+    files that are not text (removing the scratch file, if one was started)."""
+    if b.writer.path:
+        os.unlink(b.writer.path)
+    skipped = b.skipped
+    if not skipped:
+        extra = _ignored_text(ignored or {})
+        raise ContextError(f"context {origin}: no files to read there" +
+                           (f" ({extra})" if extra else "") + "; give a directory with text files")
+    shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
+    raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
+                       f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}")
+
+
+def _write_manifest(b: _Builder, scratch_dir: str | None) -> str:
+    """Write the manifest the kernel binds from (:mod:`kernels.bundle`); returns its path.
+
+    Raises:
+        ContextError: it could not be written (the scratch file is removed too).
+    """
+    try:
+        # ASCII: a path that is not UTF-8 keeps its surrogate escapes for the kernel's open()
+        data = json.dumps({"version": 1, "entries": b.entries}).encode("ascii")
+        return write_new(data, ".manifest.json", scratch_dir)
+    except BaseException:
+        b.writer.discard()
+        raise
+
+
+def _store(writer: BlobWriter, key: str, value: Any, kind: str):
+    """Append ``value`` to the scratch file: ``(entry, chars, sha256, bytes)``, the entry
+    ``[key, path, offset, bytes, "text" | "json"]``.
+
+    Raises:
+        ContextError: a value that is not JSON-like.
+    """
     value = clean(value)  # a mapping's own values may hold lone surrogates: see harness.text
     if isinstance(value, str) and kind == "text":
         data = value.encode("utf-8")
