@@ -26,4 +26,6 @@ fi
 bash scripts/install_chromium.sh
 # the docs site: a broken link, a missing page or any warning fails the build
 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict -q
+# the library's shape: no function over 80 lines, no module over 600 (prints the longest)
+.venv/bin/python scripts/check_size.py
 exec .venv/bin/python -m pytest -q "$@"

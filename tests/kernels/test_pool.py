@@ -15,7 +15,7 @@ import pytest
 
 import kernels.kernel as kk
 import rlm
-from conftest import repl, script
+from conftest import REPO, repl, script
 from kernels.kernel import StartGate
 from kernels.pool import KernelPool, Pending
 
@@ -363,7 +363,7 @@ def test_a_kernel_is_launched_before_jupyter_client_is_imported(tmp_path):
     # the process starts first (kernels/launch.py); jupyter_client comes with the client only
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     p = subprocess.run([sys.executable, "-c", LAUNCH_FIRST], capture_output=True, text=True,
                        timeout=120, cwd=root)
     assert p.returncode == 0, p.stderr[-3000:]

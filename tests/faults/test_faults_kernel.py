@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from conftest import (endpoint_args, last_user, repl, root_requests, script,
+from conftest import (TESTS, endpoint_args, last_user, repl, root_requests, script,
                       sub_requests)
 
 
@@ -266,7 +266,7 @@ HOST = textwrap.dedent("""
 def test_kind8_host_killed_leaves_no_process(tmp_path):
     token = f"rlm-escapee-{uuid.uuid4().hex}"
     script_path = tmp_path / "host.py"
-    script_path.write_text(HOST.format(tests=os.path.dirname(__file__), cell=_escapees(token)))
+    script_path.write_text(HOST.format(tests=str(TESTS), cell=_escapees(token)))
     proc = subprocess.Popen([sys.executable, str(script_path)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -25,7 +25,7 @@ from rlm.errors import ConfigError
 from rlm.config.options import OPTIONS, Endpoint, Options, validate_options
 from rlm.config.build import build_options, replay_options, resume_options, stored_options
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference" / "options.md"
 ENDPOINT = Endpoint("http://127.0.0.1:9/v1", "k", "m")
 

@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+from conftest import REPO, TESTS
+
 #: the start of a host script: a scripted endpoint whose sub-calls answer "leaf"
 _HOST_START = """
     import sys, time
@@ -66,7 +68,7 @@ def _wait_for_kernels(host_pid: int, n: int, timeout: float = 60) -> list[psutil
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_no_kernel_outlives_its_host(tmp_path, sig):
     script = tmp_path / "host.py"
-    script.write_text(HOST.format(tests=os.path.dirname(__file__)))
+    script.write_text(HOST.format(tests=str(TESTS)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -120,7 +122,7 @@ def test_a_host_gone_before_its_supervisor_started_leaves_no_kernel(tmp_path):
     """The supervisor learns its host's pid from the host, not from getppid() at its own start:
     a host killed right after launching (a crash mid start-up) had already left the supervisor
     with init as its parent, and its kernel ran on for good."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     script = tmp_path / "host.py"
     script.write_text(LAUNCH_AND_DIE.format(root=root))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -179,7 +181,7 @@ def test_ctrl_c_while_children_run_cancels_every_open_stage(tmp_path):
     from harness.journal import Journal
     journal = tmp_path / "j.sqlite3"
     script = tmp_path / "host.py"
-    script.write_text(INTERRUPTED_HOST.format(tests=os.path.dirname(__file__),
+    script.write_text(INTERRUPTED_HOST.format(tests=str(TESTS),
                                               journal=str(journal)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 import test_journal as tj
-from test_journal import lifecycle
+from journal_events import lifecycle
 
 from harness.journal import Journal, JournalError, JournalSchemaError, SCHEMA_VERSION
 from harness.journal import schema as journal_mod
