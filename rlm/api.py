@@ -33,7 +33,7 @@ class RLM:
     """Holds options for repeated runs; keeps an embedded model server alive between them.
 
     Keyword options (all optional) are the names in :data:`rlm.config.options.OPTIONS`, which declares
-    each one's type, default, range and CLI flag (README "Options" lists them). The main ones:
+    each one's type, default, range and CLI flag (docs/reference/options.md lists them). The main ones:
         model, sub_model, child_model (str): model names. Without ``base_url``
             (and without ``OPENAI_BASE_URL``/``OPENAI_API_KEY``) the embedded model serves all.
         base_url, api_key (str): an OpenAI-compatible endpoint; default from

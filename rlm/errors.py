@@ -1,7 +1,7 @@
 """Errors raised by the public API and mapped to CLI exit codes.
 
 Every error carries a message that says what happened and what to do. The CLI
-maps each class to its ``exit_code`` (documented in ``rlm --help`` and README):
+maps each class to its ``exit_code`` (documented in ``rlm --help`` and docs/reference/failures.md):
 
 ====  =======================================================================
 code  meaning

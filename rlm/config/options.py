@@ -3,7 +3,7 @@ tree is driven with.
 
 Every keyword option of :func:`rlm.completion`, :class:`rlm.RLM` and :func:`rlm.api.resume` is
 declared once, as an :class:`Option` in :data:`OPTIONS`: its keyword name, CLI flag, type,
-default (and the embedded model's default), allowed range or choices, help text, README text,
+default (and the embedded model's default), allowed range or choices, help text, reference text,
 which ``rlm`` commands take it, whether the journal keeps it for resume/replay, and which
 :class:`harness.budget.accountant.Budget` field it feeds. Everything else is derived from that tuple:
 
@@ -57,7 +57,7 @@ class Options:
         sub_max_tokens: [tokens] output cap of ``llm_query`` and fallbacks.
         budget: every cap, and the one place each lives: cost, tokens, calls, wall seconds,
             concurrency, children per call, iterations per loop (``budget.max_iterations``)
-            and depth (``budget.max_depth``, see README "Depth").
+            and depth (``budget.max_depth``, see docs/depth.md).
         pool_size: idle pre-started kernels (None: 0 at depth <= 1, else 2).
         max_kernel_restarts: restarts of one instance's kernel before it fails.
         divergence: ``"stop"`` (default) or ``"live"``: what resume does when a
@@ -155,8 +155,8 @@ class Option:
         metavar: the value's placeholder in docs and ``--help`` (``--help`` lists ``choices``
             instead when there are some).
         help: the argparse help text (str).
-        doc: the one-line meaning in the README table (markdown; str).
-        doc_default: the default as the README states it, when the value alone does not say it.
+        doc: the one-line meaning in the options reference (markdown; str).
+        doc_default: the default as the options reference states it, when the value alone does not say it.
         group: :data:`ENDPOINT`, :data:`LIMITS` or None: the argparse group of the flag. Endpoint
             options are not carried over when a run recorded on the embedded model is resumed.
         commands: the ``rlm`` commands whose parser takes the flag (tuple of str).
@@ -287,7 +287,7 @@ def _patterns(v: Any) -> str | None:
 _RUN_RESUME = (RUN, RESUME)
 
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
-#: group and of the README tables. Embedded defaults keep what the small local model is fed small
+#: group and of the reference tables. Embedded defaults keep what the small local model is fed small
 #: (its window is 16k tokens per request) and its sub-call answers short (a rambling one costs ~25 s
 #: at 512 tokens); it repeats itself when stuck, hence fewer iterations.
 OPTIONS: tuple[Option, ...] = (

@@ -1,7 +1,7 @@
 """The evaluation report: trial records in, tables (Markdown, CSV, JSON) and plots out.
 
 A sweep appends one JSON object per trial to ``trials.jsonl`` (keys listed in
-the README's "Benchmarking depth" section). :func:`write_report` rebuilds
+docs/benchmarking-depth.md). :func:`write_report` rebuilds
 everything else from that file alone, which is what ``rlm eval --report DIR``
 runs.
 """
