@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 from rlm.errors import ConfigError, EndpointError, ModelReplyError
 from rlm.models.base import Completion, short
-from rlm.models.transport import (SDKClient, call_id_header, http_timeout, plain_http_client,
-                                  post_json)
+from rlm.models.transport import (SDKClient, call_id_header, http_status_error, http_timeout,
+                                  plain_http_client, post_json, unreachable_error)
 from rlm.models.usage import UsageCounter, count
 from rlm.prompting.parsing import split_reasoning
 
@@ -120,18 +120,9 @@ def map_error(exc: BaseException, base_url: str, attempts: int) -> BaseException
     :func:`rlm.models.openai_compat.map_error`); ``exc`` itself for anything not the SDK's."""
     anthropic = _anthropic()
     if isinstance(exc, anthropic.APIStatusError):
-        hint = _HINTS.get(exc.status_code, "")
-        location = exc.response.headers.get("location") \
-            if 300 <= exc.status_code < 400 else None
-        if location:  # a plain-HTTP client does not follow redirects
-            hint = f"it redirects to {location}: give that as --base-url"
-        return EndpointError(f"model endpoint {base_url} answered HTTP {exc.status_code} "
-                             f"after {attempts} attempt(s): {provider_message(exc)}"
-                             + (f"; {hint}" if hint else ""))
+        return http_status_error(exc, base_url, attempts, _HINTS, provider_message(exc))
     if isinstance(exc, anthropic.APIConnectionError):
-        return EndpointError(f"model endpoint {base_url} unreachable after {attempts} "
-                             f"attempt(s) ({type(exc).__name__}); check that the server is "
-                             "running and --base-url is right")
+        return unreachable_error(exc, base_url, attempts)
     if isinstance(exc, anthropic.AnthropicError):
         return EndpointError(f"model endpoint {base_url} failed: {short(exc)}")
     if isinstance(exc, ValueError):  # the reply's body is not JSON

@@ -34,8 +34,8 @@ from rlm.models.base import CUT_REASONS, Completion, DeadlineExceeded, short
 from rlm.models.base import ModelClient  # the Protocol (re-exported for older importers)
 from rlm.models.capabilities import capabilities
 from rlm.models.retry import MAX_RETRY_AFTER  # re-exported
-from rlm.models.transport import (CONNECT_TIMEOUT, SDKClient, call_id_header, http_timeout,
-                                  plain_http_client, post_json)
+from rlm.models.transport import (CONNECT_TIMEOUT, SDKClient, call_id_header, http_status_error,
+                                  http_timeout, plain_http_client, post_json, unreachable_error)
 from rlm.models.usage import UsageCounter, amount, count
 from rlm.prompting.parsing import reasoning_from_message, split_reasoning
 
@@ -147,18 +147,9 @@ def map_error(exc: BaseException, base_url: str, attempts: int) -> BaseException
     (:class:`~rlm.errors.ModelReplyError`); ``exc`` itself for anything else."""
     openai = _openai()
     if isinstance(exc, openai.APIStatusError):
-        hint = _HINTS.get(exc.status_code, "")
-        location = exc.response.headers.get("location") \
-            if 300 <= exc.status_code < 400 else None
-        if location:  # a plain-HTTP client does not follow redirects
-            hint = f"it redirects to {location}: give that as --base-url"
-        return EndpointError(f"model endpoint {base_url} answered HTTP {exc.status_code} "
-                             f"after {attempts} attempt(s): {short(exc)}"
-                             + (f"; {hint}" if hint else ""))
+        return http_status_error(exc, base_url, attempts, _HINTS, short(exc))
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError)):
-        return EndpointError(f"model endpoint {base_url} unreachable after {attempts} "
-                             f"attempt(s) ({type(exc).__name__}); check that the server is "
-                             "running and --base-url is right")
+        return unreachable_error(exc, base_url, attempts)
     if isinstance(exc, openai.OpenAIError):
         return EndpointError(f"model endpoint {base_url} failed: {short(exc)}")
     if isinstance(exc, ValueError):  # the client's JSON decoding of the reply's body

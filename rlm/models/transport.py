@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 from tenacity import wait_random_exponential
 
+from rlm.errors import EndpointError
 from rlm.models.retry import deadline_error, recorded_attempt, retry_policy
 from rlm.models.usage import UsageCounter
 
@@ -88,6 +89,27 @@ def post_json(client: Any, path: str, kwargs: dict) -> dict:
         else:
             options[opt] = value
     return json.loads(client.post(path, body=body, cast_to=bytes, options=options))
+
+
+def http_status_error(exc: Any, base_url: str, attempts: int, hints: dict,
+                      message: str) -> EndpointError:
+    """The :class:`~rlm.errors.EndpointError` of an HTTP error status an SDK raised (``exc``,
+    with ``status_code`` and ``response``) after ``attempts`` attempts: the status, the
+    provider's ``message``, and what to check (``hints`` by status; a redirect names its target,
+    since a plain-HTTP client does not follow it)."""
+    hint = hints.get(exc.status_code, "")
+    location = exc.response.headers.get("location") if 300 <= exc.status_code < 400 else None
+    if location:
+        hint = f"it redirects to {location}: give that as --base-url"
+    return EndpointError(f"model endpoint {base_url} answered HTTP {exc.status_code} "
+                         f"after {attempts} attempt(s): {message}" + (f"; {hint}" if hint else ""))
+
+
+def unreachable_error(exc: BaseException, base_url: str, attempts: int) -> EndpointError:
+    """The :class:`~rlm.errors.EndpointError` of a connection that failed ``attempts`` times."""
+    return EndpointError(f"model endpoint {base_url} unreachable after {attempts} "
+                         f"attempt(s) ({type(exc).__name__}); check that the server is "
+                         "running and --base-url is right")
 
 
 class SDKClient:
