@@ -127,7 +127,7 @@ def check_records(records: list[dict], n: int) -> None:
 
 def env_with_factory(journal: Path | None = None) -> dict:
     env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), str(Path(__file__).parent)])
     if journal is not None:
         env["RLM_JOURNAL"] = str(journal)
     return env
