@@ -38,9 +38,12 @@ from typing import Callable
 
 from harness.text import clean_text
 from kernels import sandbox
-from kernels.launch import Launched, connection_info, launch
+from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SandboxSpec, box_bundle, box_file, bwrap_argv,
+                           resolve_mode)
+from kernels.launch import Launched, connection_info, launch, lifeline_fd
 from kernels.protocol import BOOT_CODE
-from kernels.process import end_kernel, kill_kernel, process_of, reap, stop_kernel, wait_exit, wait_for_ready
+from kernels.process import (end_kernel, kill_kernel, process_of, reap, stop_kernel,
+                             sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
 from kernels.secrets import kernel_env
 
 
@@ -134,12 +137,18 @@ class Kernel:
         workdir: the kernel's working directory (created if missing); when None, a fresh
             temporary directory made when the kernel launches and removed at shutdown.
         start_timeout: seconds :meth:`start` waits for the kernel to answer.
+        sandbox: how it is sandboxed (:class:`kernels.bwrap.SandboxSpec`; default: the
+            ``$RLM_SANDBOX`` mode, else ``auto``, with the default limits).
+
+    Attributes:
+        sandbox_mode: ``"bwrap"`` or ``"none"`` once launched (``""`` before).
 
     Raises:
         OSError: ``workdir`` cannot be created.
     """
 
-    def __init__(self, workdir: str | None = None, start_timeout: float = 30.0) -> None:
+    def __init__(self, workdir: str | None = None, start_timeout: float = 30.0,
+                 sandbox: SandboxSpec | None = None) -> None:
         self._own_dir = workdir is None
         #: the working directory ("" until a kernel of our own is launched: a kernel that
         #: waits for a start place, or is shut down before it launches, has none to leave)
@@ -153,6 +162,8 @@ class Kernel:
         self.identity: sandbox.Identity | None = None
         #: the tag in the environment of the kernel and every process it starts
         self.tag = ""
+        self.spec = sandbox or SandboxSpec()
+        self.sandbox_mode = ""
         self._lock = threading.Lock()
         self._closed = False
         self._launched: Launched | None = None  # the process is up, not yet answering
@@ -184,26 +195,43 @@ class Kernel:
             if self._closed:  # shut down while it waited for its place
                 raise RuntimeError("kernel was shut down while starting")
             if not self.workdir:
-                self.workdir = tempfile.mkdtemp(prefix="rlm-k-")
+                sweep_stale_kernel_dirs()
+                # the host's pid in the name: a sandboxed kernel cannot remove its own directory
+                # (a mount point in its sandbox), so the next host sweeps those of dead hosts
+                self.workdir = tempfile.mkdtemp(prefix=f"rlm-k-{os.getpid()}-")
         self.identity = sandbox.kernel_identity()
-        connection_file = os.path.join(self.workdir, "kernel.json")
-        argv = [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
-                f"--IPKernelApp.exec_lines={BOOT_CODE}", "--HistoryManager.enabled=False",
-                "--IPKernelApp.log_level=CRITICAL"]
-        if sandbox.supervisor_available():
-            argv = sandbox.supervised_argv(argv, workdir=self.workdir,
-                                           connection_file=connection_file,
-                                           ident=self.identity, own_dir=self._own_dir)
+        self.sandbox_mode = resolve_mode(self.spec)
+        argv = self._argv(os.path.join(self.workdir, "kernel.json"))
         self.tag = secrets.token_hex(8)
         with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting")
-            km = launch(argv, connection_file=connection_file,
+            km = launch(argv, connection_file=os.path.join(self.workdir, "kernel.json"),
                         info=connection_info(os.path.join(self.workdir, ".k")),
                         env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
-                        quiet=not os.environ.get("RLM_DEBUG"))
+                        quiet=not os.environ.get("RLM_DEBUG"),
+                        sandboxed=self.sandbox_mode == "bwrap")
             self._launched = km  # from now on shutdown() ends the process at once
         return km
+
+    def _argv(self, connection_file: str) -> list[str]:
+        """The kernel's command line: ipykernel under the supervisor, in the sandbox when
+        :attr:`sandbox_mode` is ``"bwrap"`` (its read-only ``ctx`` directory made first)."""
+        argv = [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
+                f"--IPKernelApp.exec_lines={BOOT_CODE}", "--HistoryManager.enabled=False",
+                "--IPKernelApp.log_level=CRITICAL"]
+        if not sandbox.supervisor_available():
+            return argv
+        boxed = self.sandbox_mode == "bwrap"
+        argv = sandbox.supervised_argv(argv, workdir=self.workdir, connection_file=connection_file,
+                                       ident=self.identity, own_dir=self._own_dir,
+                                       limits=self.spec.rlimits() if boxed else None,
+                                       home=SANDBOX_HOME if boxed else None,
+                                       lifeline=lifeline_fd() if boxed else None)
+        if not boxed:
+            return argv
+        os.makedirs(os.path.join(self.workdir, CTX_DIR), exist_ok=True)
+        return bwrap_argv(argv, workdir=self.workdir, spec=self.spec)
 
     def _ready(self, km: Launched) -> "Kernel":
         """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
@@ -258,9 +286,48 @@ class Kernel:
         Raises:
             OSError: a copy could not be made.
         """
+        if self.sandbox_mode == "bwrap":
+            return self._box(path, fmt, move)
         if fmt == "bundle":
             return sandbox.share_bundle(path, self.workdir, self.identity)
         return sandbox.share_file(path, self.workdir, self.identity, move=move)
+
+    def _box(self, path: str, fmt: str, move: bool) -> str:
+        """:meth:`share_file` for a sandboxed kernel: the content in its read-only ``ctx``
+        directory, linked where it may be (:func:`kernels.bwrap.box_file`), a private copy for
+        a kernel running as another user where that user may not read it."""
+        ctx = os.path.join(self.workdir, CTX_DIR)
+        ident = self.identity
+
+        def share(src: str) -> str:
+            if ident is None or sandbox.readable_by(src, ident):
+                return box_file(src, ctx)
+            return sandbox.share_file(src, ctx, ident)
+        if fmt == "bundle":
+            dest = box_bundle(path, ctx, share)
+            if ident is not None:
+                sandbox.give(dest, ident)
+            return dest
+        if move:
+            dest = box_file(path, ctx, move=True)
+            if ident is not None:
+                sandbox.give(dest, ident)
+            return dest
+        return share(path)
+
+    def share_socket(self, path: str) -> str:
+        """A path to the Unix socket ``path`` (the bridge's) that this kernel can connect to:
+        ``path`` itself, or a hard link in its working directory when it is sandboxed (its
+        ``/tmp`` is its own). Raises OSError when the link cannot be made."""
+        if self.sandbox_mode != "bwrap":
+            return path
+        dest = os.path.join(self.workdir, "bridge.sock")
+        try:
+            os.unlink(dest)
+        except FileNotFoundError:
+            pass
+        os.link(path, dest)
+        return dest
 
     def is_alive(self) -> bool:
         """True if the kernel was started, not shut down, and its process still runs.
@@ -352,7 +419,7 @@ class Kernel:
         except Exception:
             pass
         try:
-            os.kill(proc.pid, signal.SIGTERM)  # not reaped before the group is killed
+            os.kill(km.stop_pid(), signal.SIGTERM)  # not reaped before the group is killed
         except OSError:
             pass
         try:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 #: The five ZeroMQ channels of a kernel and their IPC "ports": suffixes of the socket paths
 #: (``{ip}-{port}``); the directory is the kernel's own, so they never collide.
@@ -40,12 +42,16 @@ def connection_info(ip: str) -> dict[str, Any]:
 
 
 def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: dict,
-           cwd: str, quiet: bool = True) -> "Launched":
+           cwd: str, quiet: bool = True, sandboxed: bool = False) -> "Launched":
     """Write ``info`` to ``connection_file`` (mode 0600) and start ``argv`` (a kernel command
     line that reads it) in a new session, in ``cwd``, with ``env`` plus ``JPY_PARENT_PID``.
 
     Args:
         quiet: send the process's stdout and stderr to ``/dev/null`` (else inherit them).
+        sandboxed: ``argv`` is bubblewrap's (:mod:`kernels.bwrap`): it is started from one
+            long-lived thread, since ``--die-with-parent`` kills the sandbox when the *thread*
+            that started it ends (``PR_SET_PDEATHSIG``, prctl(2)), and pool kernels are
+            started from threads that end long before their kernels do.
     Returns:
         the :class:`Launched` kernel.
     Raises:
@@ -56,14 +62,66 @@ def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: 
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
     out = subprocess.DEVNULL if quiet else None
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 env=dict(env, JPY_PARENT_PID=str(os.getpid())), cwd=cwd,
-                                start_new_session=True)
+                                start_new_session=True,
+                                pass_fds=(lifeline_fd(),) if sandboxed else ())
+    try:
+        proc = _on_launcher_thread(start) if sandboxed else start()
     except OSError:
         _remove(connection_file)
         raise
-    return Launched(proc, connection_file, info)
+    launched = Launched(proc, connection_file, info)
+    launched.sandboxed = sandboxed
+    return launched
+
+
+_lifeline: list[int] = []  # [read end] of the pipe whose write end only this process holds
+
+
+def lifeline_fd() -> int:
+    """The read end of this process's lifeline: a pipe whose write end only this process holds
+    (never written, never inherited), so its reader sees end-of-file when this process is gone,
+    however it ended. A sandboxed kernel's supervisor watches it (:mod:`kernels.supervisor`):
+    in its own PID namespace it cannot watch the host's process itself."""
+    with _launcher_lock:
+        if not _lifeline or _lifeline[1] != os.getpid():  # new, or inherited across fork
+            r, w = os.pipe()  # both non-inheritable: only pass_fds hands the read end on
+            _lifeline[:] = [r, os.getpid(), w]
+        return _lifeline[0]
+
+
+_launches: "queue.Queue" = queue.Queue()
+_launcher: threading.Thread | None = None
+_launcher_lock = threading.Lock()
+
+
+def _on_launcher_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` run on the process's one launcher thread (a daemon that lives as long as the
+    process); returns its value or raises its exception."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or not _launcher.is_alive():
+            _launcher = threading.Thread(target=_serve_launches, name="rlm-kernel-launcher",
+                                         daemon=True)
+            _launcher.start()
+    done, box = threading.Event(), {}
+    _launches.put((fn, box, done))
+    done.wait()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _serve_launches() -> None:
+    while True:
+        fn, box, done = _launches.get()
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        done.set()
 
 
 class Launched:
@@ -82,6 +140,9 @@ class Launched:
         self.pgid = process.pid  # start_new_session: the leader of its own group
         self.connection_file = connection_file
         self.info = info
+        #: the process is bubblewrap's (kernels.bwrap): the kernel is found below it
+        self.sandboxed = False
+        self._kernel_pid = 0
 
     def is_alive(self) -> bool:
         """Whether the process still runs (a ``poll``; never raises)."""
@@ -90,11 +151,54 @@ class Launched:
     def interrupt_kernel(self) -> None:
         """SIGINT to the kernel's process group (the supervisor ignores it; the kernel's
         running cell raises KeyboardInterrupt), as ``jupyter_client`` interrupts a kernel
-        whose spec says ``interrupt_mode: signal``. Never raises."""
+        whose spec says ``interrupt_mode: signal``. In a sandbox, SIGINT goes to the kernel
+        process alone: bubblewrap's own process, which leads the group, would die of it.
+        Never raises."""
         try:
+            if self.sandboxed:
+                pid = self.kernel_pid()
+                if pid:
+                    os.kill(pid, signal.SIGINT)
+                return
             os.killpg(self.pgid, signal.SIGINT)
         except OSError:
             pass
+
+    def kernel_pid(self) -> int:
+        """The host's process id of the kernel itself (the ``ipykernel`` process below the
+        supervisor, and in a sandbox below bubblewrap too), or 0 if it is not running."""
+        if not (self._kernel_pid and os.path.exists(f"/proc/{self._kernel_pid}")):
+            self._kernel_pid = self._below(lambda argv: argv[1:3] == [b"-m", b"kernels.ipykernel_main"])
+        return self._kernel_pid
+
+    def stop_pid(self) -> int:
+        """The process the host asks to stop the kernel (SIGTERM): the supervisor. Outside a
+        sandbox that is :attr:`process`; inside, the supervisor below bubblewrap (bubblewrap
+        itself dies of SIGTERM, and the sandbox with it, before the supervisor can remove
+        the kernel's directory). :attr:`process`'s pid when the supervisor is not found."""
+        if not self.sandboxed:
+            return self.process.pid
+        found = self._below(lambda argv: len(argv) > 3 and argv[3].endswith(b"supervisor.py"))
+        return found or self.process.pid
+
+    def _below(self, match) -> int:
+        """The first process at or below :attr:`process` (breadth first, by
+        ``/proc/<pid>/task/<pid>/children``) whose argv (list of bytes) ``match`` accepts; 0."""
+        todo = [self.process.pid]
+        for _ in range(64):  # a kernel is a few levels down
+            if not todo:
+                break
+            pid = todo.pop(0)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            if match(argv):
+                return pid
+        return 0
 
     def cleanup_resources(self) -> None:
         """Remove the connection file and the IPC socket files. Never raises. (The client

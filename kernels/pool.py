@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from kernels import kernel as _kernel  # its START_GATE, read at each use (tests replace it)
+from kernels.bwrap import SandboxSpec
 from kernels.kernel import Kernel
 from kernels.launch import Launched
 
@@ -78,7 +79,7 @@ def pool_size_for(max_depth: int, pool_size: int | None = None) -> int:
     return DEFAULT_POOL_SIZE if max_depth >= 2 else 0
 
 
-def head_start(kernels: int = 1) -> Pending:
+def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> Pending:
     """Start ``kernels`` kernels now (at least 1), before the run that needs them exists; the
     ones already pending count (so a second call starts nothing more).
 
@@ -93,6 +94,9 @@ def head_start(kernels: int = 1) -> Pending:
     Hides the start-up secrets first (:func:`kernels.secrets.hide_startup_secrets`), as every
     kernel start must.
 
+    Args:
+        sandbox: how the kernels are sandboxed (default :class:`SandboxSpec`'s); a run adopts
+            them only when its own spec is the same.
     Returns:
         the first :class:`Pending` start (errors surface in the pool that adopts it).
     """
@@ -100,23 +104,30 @@ def head_start(kernels: int = 1) -> Pending:
     hide_startup_secrets()
     with _head_lock:
         while len(_head) < max(1, int(kernels)):
-            _head.append(Pending(launch_here=not _head))
+            _head.append(Pending(Kernel(sandbox=sandbox), launch_here=not _head))
         return _head[0]
 
 
-def take_head_start() -> list[Pending]:
-    """The kernels :func:`head_start` started and nobody took yet (``[]`` if none), the root's
-    first; the caller owns them from now on."""
+def take_head_start(sandbox: SandboxSpec | None = None) -> list[Pending]:
+    """The kernels :func:`head_start` started with the sandbox ``sandbox`` (default spec when
+    None) and nobody took yet (``[]`` if none), the root's first; the caller owns them from now
+    on. Ones started with another spec are shut down."""
     global _head
     with _head_lock:
         heads, _head = _head, []
-    return heads
+    want = sandbox or SandboxSpec()
+    for head in [h for h in heads if h.kernel.spec != want]:
+        head.kernel.shutdown()
+    return [h for h in heads if h.kernel.spec == want]
 
 
 def drop_head_start() -> None:
     """Shut down the kernels :func:`head_start` started, if nobody took them. Never blocks: a
     kernel still starting stops once it is up. Never raises."""
-    for head in take_head_start():
+    global _head
+    with _head_lock:
+        heads, _head = _head, []
+    for head in heads:
         head.kernel.shutdown()
 
 
@@ -138,10 +149,13 @@ class KernelPool:
         head: kernels already starting (:func:`take_head_start`: a list of :class:`Pending`,
             or one) to adopt: they count towards ``size`` and in :attr:`started`; the first
             ready is the first :meth:`acquire`'s.
+        sandbox: how its kernels are sandboxed (:class:`kernels.bwrap.SandboxSpec`).
     """
 
-    def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None) -> None:
+    def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None,
+                 sandbox: SandboxSpec | None = None) -> None:
         self.size = max(0, int(size))
+        self.spec = sandbox
         self._ready: list[Kernel] = []
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -169,7 +183,7 @@ class KernelPool:
             need = max(0, self.size - len(self._ready) - (self._starting - self._waiting))
             self._starting += need
             self.started += need
-            kernels = [Kernel() for _ in range(need)]
+            kernels = [Kernel(sandbox=self.spec) for _ in range(need)]
             self._live.update(kernels)
         for k in kernels:
             threading.Thread(target=self._start_one, args=(k,), daemon=True,
@@ -198,7 +212,7 @@ class KernelPool:
             self._drop(k)
 
     def _new(self) -> Kernel:
-        k = Kernel()
+        k = Kernel(sandbox=self.spec)
         with self._lock:
             self._live.add(k)
             self.started += 1

@@ -10,6 +10,7 @@ import queue
 import select
 import shutil
 import signal
+import tempfile
 import time
 
 from kernels import sandbox
@@ -83,7 +84,7 @@ def kill_kernel(km: Launched, tag: str, *, direct: bool = False) -> None:
             sandbox.kill_tagged(tag)
     else:
         try:
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(km.stop_pid(), signal.SIGTERM)
             wait_exit(proc.pid, 10.0)
         except (OSError, ChildProcessError):
             pass
@@ -159,3 +160,38 @@ def end_kernel(km: "Launched | None", kc, tag: str, workdir: str) -> None:
         stop_kernel(km, tag)
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+_swept: list[int] = []  # the pid of the process that swept already (once per process)
+
+
+def sweep_stale_kernel_dirs() -> int:
+    """Once per process: remove the kernel directories (``rlm-k-PID-*`` in the temporary
+    directory) of this user's hosts that are gone (process ``PID`` no longer exists): what a
+    host killed in the middle of a shutdown left behind. Returns how many; never raises."""
+    import glob
+    if _swept == [os.getpid()]:
+        return 0
+    _swept[:] = [os.getpid()]
+    removed = 0
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "rlm-k-*-*")):
+        try:
+            pid = int(os.path.basename(d).split("-")[2])
+            if pid == os.getpid() or os.stat(d).st_uid not in (os.getuid(), _kernel_uid()):
+                continue
+            os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
+
+
+def _kernel_uid() -> int:
+    """The uid kernels run as here (a root host's kernel directories are chowned to it)."""
+    try:
+        ident = sandbox.kernel_identity()
+    except sandbox.KernelUserError:
+        return os.getuid()
+    return ident.uid if ident is not None else os.getuid()

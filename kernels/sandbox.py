@@ -182,7 +182,9 @@ _PLANS: dict[Identity, list] = {}
 
 
 def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
-                    ident: Identity | None, own_dir: bool = False) -> list[str]:
+                    ident: Identity | None, own_dir: bool = False,
+                    limits: dict[str, int] | None = None, home: str | None = None,
+                    lifeline: int | None = None) -> list[str]:
     """``argv`` (a kernel command line) wrapped to run under :mod:`kernels.supervisor`.
 
     Args:
@@ -193,16 +195,26 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
         ident: the user to run as, or None for the host's own user.
         own_dir: ``workdir`` is a temporary directory of ours: the supervisor removes it if
             the host dies (else the host does at shutdown).
+        limits: resource limits by ``resource`` name, set on the kernel; not None when the
+            supervisor runs in a sandbox (:mod:`kernels.bwrap`): its host is then outside its
+            PID namespace, and the sandbox itself shows the kernel only what it needs.
+        home: the kernel's home and working directory inside the sandbox.
+        lifeline: in a sandbox, the file descriptor the supervisor inherits whose end-of-file
+            says the host is gone (:func:`kernels.launch.lifeline_fd`).
     """
     conf: dict = {"errfile": os.path.join(workdir, ".supervisor-error"),
                   "own_dir": workdir if own_dir else None,
                   # the supervisor's parent: it may already be gone when the supervisor starts
                   "host": os.getpid()}
+    sandboxed = limits is not None
+    if sandboxed:  # the host is not visible in the sandbox: watch bubblewrap, which dies with it
+        conf.update(host=0, rlimits=limits, lifeline=lifeline)
     if ident is not None:
-        if ident not in _PLANS:
+        if ident not in _PLANS and not sandboxed:
             _PLANS[ident] = reveal_plan(ident)
-        conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=workdir,
-                    chown=[workdir, connection_file], reveal=_PLANS[ident])
+        chown = [workdir, connection_file] + ([os.path.dirname(home), home] if home else [])
+        conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=home or workdir,
+                    chown=chown, reveal=[] if sandboxed else _PLANS[ident])
     # marshal, then hex: the supervisor runs under this same interpreter (sys.executable) and
     # decodes it with built-ins alone; json and base64 would import re, enum and functools
     # there, about 20 ms on the way to every kernel's start
@@ -255,7 +267,12 @@ def share_file(path: str, workdir: str, ident: Identity | None, *, move: bool = 
             context; a copy when ``workdir`` is on another filesystem). Either way the kernel
             gets the only file it can read and the host no file the kernel can write; after
             a move ``path`` no longer exists. Ignored when the kernel runs as the host's user.
+
+    A copy is only made of a file the user who started rlm may read under their own rights
+    (:func:`starting_user`: on a root host through sudo; else root's rights apply), or of a
+    scratch file of the host's own.
     Raises:
+        PermissionError: that user may not read ``path`` (named): no copy is made.
         OSError: the copy (or the move) could not be made.
     """
     if ident is None:
@@ -263,6 +280,7 @@ def share_file(path: str, workdir: str, ident: Identity | None, *, move: bool = 
     base = os.path.basename(path)
     dest = os.path.join(workdir, f".ctx-{len(os.listdir(workdir))}-{base}")
     if not move:
+        _check_users(path, starting_user(), {})
         shutil.copyfile(path, dest)
     else:
         try:
@@ -301,6 +319,46 @@ def _readable(path: str, ident: Identity, searchable: dict[str, bool]) -> bool:
         return False
 
 
+def starting_user(environ=None) -> Identity | None:
+    """The user who started rlm, when the host runs as root through sudo (``SUDO_UID`` and
+    ``SUDO_GID`` of ``environ``, default ``os.environ``): a private copy for a kernel is only
+    made of what that user may read. None: not root, no ``SUDO_UID`` (root's own rights
+    apply), or sudo from root."""
+    env = os.environ if environ is None else environ
+    uid, gid = ((env.get(k) or "").strip() for k in ("SUDO_UID", "SUDO_GID"))
+    if os.geteuid() != 0 or not uid.isdigit() or int(uid) == 0:
+        return None
+    try:
+        entry = pwd.getpwuid(int(uid))
+        name, primary = entry.pw_name, entry.pw_gid
+    except KeyError:
+        name, primary = (env.get("SUDO_USER") or "").strip() or f"uid {uid}", int(uid)
+    return Identity(int(uid), int(gid) if gid.isdigit() else primary, name)
+
+
+def _check_users(path: str, user: Identity | None, searchable: dict[str, bool]) -> None:
+    """Refuse to copy ``path`` for a kernel unless ``user`` (:func:`starting_user`; None: no
+    one to check for) may read it (:func:`_readable`: no supplementary groups, no ACLs), or
+    it is a scratch file of the host's own (``rlm-ctx-*``, a regular file it owns).
+
+    Raises:
+        PermissionError: ``user`` may not read it (``filename``: ``path``).
+    """
+    if user is None or _readable(path, user, searchable):
+        return
+    try:
+        st = os.lstat(path)
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+                and os.path.basename(path).startswith("rlm-ctx-")):  # rlm.context.files.PREFIX
+            return
+    except OSError:
+        pass
+    import errno
+    raise PermissionError(errno.EACCES, f"{user.name} (uid {user.uid}), who started rlm "
+                          "through sudo, may not read it: no copy of it is made for the kernel "
+                          "with root's rights", path)
+
+
 def share_bundle(manifest: str, workdir: str, ident: Identity | None) -> str:
     """:func:`share_file` for a many-file context: its manifest (:mod:`kernels.bundle`) and
     every file it names.
@@ -308,9 +366,11 @@ def share_bundle(manifest: str, workdir: str, ident: Identity | None) -> str:
     The kernel's own copy of the manifest names, for each file: the file itself when ``ident``
     may read it already (a directory context is not copied for nothing), else a private copy in
     ``workdir`` readable only by ``ident`` (the host's scratch file, files under a directory
-    ``ident`` may not enter). ``manifest`` itself when the kernel runs as the host's user.
+    ``ident`` may not enter), made only of a file the user who started rlm may read
+    (:func:`share_file`). ``manifest`` itself when the kernel runs as the host's user.
 
     Raises:
+        PermissionError: a file to copy that the user who started rlm may not read (named).
         OSError: a copy could not be made.
     """
     if ident is None:
@@ -320,12 +380,14 @@ def share_bundle(manifest: str, workdir: str, ident: Identity | None) -> str:
     n = len(os.listdir(workdir))
     shared: dict[str, str] = {}
     searchable: dict[str, bool] = {}
+    user, users_searchable = starting_user(), {}
     for entry in doc["entries"]:
         src = entry[FILE]
         if src not in shared:
             if _readable(src, ident, searchable):
                 shared[src] = src
             else:
+                _check_users(src, user, users_searchable)  # (PermissionError: no copy)
                 shared[src] = os.path.join(workdir, f".ctx-{n}-{len(shared)}-"
                                                     f"{os.path.basename(src)}")
                 shutil.copyfile(src, shared[src])
@@ -336,3 +398,14 @@ def share_bundle(manifest: str, workdir: str, ident: Identity | None) -> str:
         json.dump(doc, f)
     _give(dest, ident)
     return dest
+
+
+def readable_by(path: str, ident: Identity) -> bool:
+    """True if ``ident`` may read ``path`` under its own rights (mode bits of the file and of
+    every directory above it)."""
+    return _readable(path, ident, {})
+
+
+def give(path: str, ident: Identity) -> None:
+    """Make ``path`` (a private copy of ours) ``ident``'s, readable by it alone."""
+    _give(path, ident)

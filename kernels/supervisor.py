@@ -14,10 +14,14 @@ It forks the kernel and then:
   exit code (128 + signal number if it was killed); when the host died it also removes the
   kernel's temporary working directory (CONF ``own_dir``).
 
+In a sandbox (:mod:`kernels.bwrap`) the supervisor runs inside it, with its own PID namespace:
+its parent is bubblewrap's, which dies with the host (``--die-with-parent``), so CONF ``host``
+is 0 there and the parent at its start is watched instead.
+
 Between fork and exec, the kernel process: resets its signals, optionally (CONF ``uid``)
 chowns its working directory and connection file to that user, covers directories the user
 may not enter (CONF ``reveal``) in a private mount namespace, drops to the user (no
-supplementary groups), sets ``no_new_privs`` and a parent-death SIGKILL, and sets
+supplementary groups), sets its resource limits (CONF ``rlimits``), sets ``no_new_privs`` and a parent-death SIGKILL, and sets
 ``JPY_PARENT_PID`` to the supervisor (ipykernel exits when its parent changes). A failure
 there is written to CONF ``errfile`` and the kernel exits with 127.
 """
@@ -163,6 +167,8 @@ def _child(conf, argv, supervisor):
         signal.signal(sig, signal.SIG_DFL)
     env = dict(os.environ)
     env["JPY_PARENT_PID"] = str(supervisor)
+    if conf.get("rlimits"):
+        import resource  # before the switch of user, while the standard library is in reach
     uid = conf.get("uid")
     if uid is not None:
         gid = conf["gid"]
@@ -183,6 +189,11 @@ def _child(conf, argv, supervisor):
         os.setresuid(uid, uid, uid)
         env.update(HOME=conf["home"], USER=conf["user"], LOGNAME=conf["user"])
         os.chdir(conf["home"])
+    if conf.get("rlimits"):  # after the switch of user: the process count is that user's
+        for name, value in conf["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+    if conf.get("lifeline") is not None:  # the host's lifeline is the supervisor's to watch
+        os.close(conf["lifeline"])
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
     if os.getppid() != supervisor:
@@ -190,7 +201,20 @@ def _child(conf, argv, supervisor):
     os.execvpe(argv[0], argv, env)
 
 
-def _watch(kernel, host):
+def _host_gone(lifeline):
+    """True once the host's lifeline pipe (CONF ``lifeline``) reads end-of-file."""
+    if lifeline is None:
+        return False
+    import select
+    if not select.select([lifeline], [], [], 0)[0]:
+        return False
+    try:
+        return os.read(lifeline, 1) == b""
+    except OSError:
+        return True
+
+
+def _watch(kernel, host, lifeline=None):
     """Wait for the kernel's exit, a stop signal or the host's death; returns the exit code to
     use and whether the host stopped the kernel or is gone (not the kernel's own exit)."""
     watched = {signal.SIGCHLD, *_STOP}
@@ -203,7 +227,7 @@ def _watch(kernel, host):
             return code, False
         if info is not None and info.si_signo != signal.SIGCHLD:
             return 128 + info.si_signo, True
-        if os.getppid() != host:
+        if os.getppid() != host or _host_gone(lifeline):
             return HOST_GONE, True
 
 
@@ -232,7 +256,7 @@ def main(args):
             except OSError:
                 pass
         os._exit(127)
-    code, stopped = _watch(kernel, host)
+    code, stopped = _watch(kernel, host, conf.get("lifeline"))
     _kill_tree(me)
     if stopped and conf.get("own_dir"):
         # the kernel's temporary working directory is not needed any more; remove it here too:

@@ -39,8 +39,8 @@ def completion(context: Any, query: str | None = None, **options: Any):
     """
     from kernels.pool import drop_head_start, head_start
 
-    from rlm.config.ahead import kernels_ahead
-    head_start(kernels_ahead(options))
+    from rlm.config.ahead import kernels_ahead, sandbox_of
+    head_start(kernels_ahead(options), sandbox_of(options))
     try:
         from rlm.api import completion as run
         return run(context, query, **options)

@@ -133,9 +133,10 @@ class RLM:
             return self._run_now(context, query, overrides, plain=True)
         from kernels.pool import drop_head_start, head_start
 
-        from rlm.config.ahead import kernels_ahead
+        from rlm.config.ahead import kernels_ahead, sandbox_of
         # the root's kernel (and its pool's) start now, overlapping the set-up below
-        head_start(kernels_ahead({**self.options, **overrides}))
+        given = {**self.options, **overrides}
+        head_start(kernels_ahead(given), sandbox_of(given))
         try:
             return self._run_now(context, query, overrides, plain=False)
         finally:

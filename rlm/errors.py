@@ -70,3 +70,14 @@ class ChildRLMError(RLMError):
         super().__init__(message)
         self.status = status
         self.reason = reason or message
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs the optional dependencies ``extra`` (a ``pyproject.toml``
+    extra such as ``pdf``): from the checkout this package runs from, when it is one (an
+    editable install: the project is not on a package index), else by the package's name."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")):
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install 'rlm-kernels[{extra}]'"

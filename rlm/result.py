@@ -7,7 +7,8 @@ from harness.stages.tree import StageTree
 
 #: Result fields kept in the journal's ``usage`` record beside the token/cost totals, so a
 #: recorded run returns the same :class:`Result` without running again.
-_EXTRA = ("iterations", "cap", "stages", "max_level", "kernels_started", "usage_estimated")
+_EXTRA = ("iterations", "cap", "stages", "max_level", "kernels_started", "usage_estimated",
+          "sandbox")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Result:
         usage_estimated: some model call's reply carried no usage, so its tokens (and cost,
             from the price table) were counted locally with tiktoken: ``usage`` is partly an
             estimate (bool; taken from ``tree`` when not given).
+        sandbox: how the run's kernels ran: ``"bwrap"`` (each in its own sandbox, see
+            docs/security.md), ``"none"``, ``"mixed"`` (some of each), or None (no kernel).
     """
 
     answer: str | None
@@ -54,6 +57,7 @@ class Result:
     replayed_calls: int = 0
     tree: StageTree | None = field(default=None, repr=False)
     usage_estimated: bool | None = None
+    sandbox: str | None = None
 
     def __post_init__(self) -> None:
         if self.usage_estimated is None:
@@ -68,7 +72,7 @@ class Result:
                 "cap": self.cap, "stages": self.stages, "max_level": self.max_level,
                 "kernels_started": self.kernels_started, "seconds": round(self.seconds, 3),
                 "replayed_calls": self.replayed_calls,
-                "usage_estimated": bool(self.usage_estimated)}
+                "usage_estimated": bool(self.usage_estimated), "sandbox": self.sandbox}
 
     def journal_usage(self) -> dict:
         """The ``usage`` record the journal keeps for this result (usage plus the counts
@@ -89,7 +93,7 @@ class Result:
                    usage=usage, reason=record.get("error") or "", cap=extra["cap"],
                    stages=extra["stages"] or {}, max_level=int(extra["max_level"] or 0),
                    kernels_started=int(extra["kernels_started"] or 0), replayed_calls=0,
-                   usage_estimated=bool(extra["usage_estimated"]))
+                   usage_estimated=bool(extra["usage_estimated"]), sandbox=extra["sandbox"])
 
 
 def usage_summary(tree: StageTree) -> dict:

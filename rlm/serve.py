@@ -31,6 +31,14 @@ reused for another question or a run still active elsewhere, 429 every run slot 
 answer is in ``error.partial_answer``), 504 the wall-clock cap, 502 the model endpoint failed,
 500 the run ended without an answer.
 
+An upstream failure is told in words of the server's own: the upstream's HTTP status, a short
+reason, and the type and code of the upstream's error object when it sends them (e.g. ``the model
+endpoint failed: HTTP 401 Unauthorized (invalid_request_error, invalid_api_key)``, with the same
+in ``error.upstream``), never the upstream's own text, its URL or a hint meant for the operator:
+an upstream may echo the server's key. The operator's log (logger ``rlm.serve``, stderr) keeps
+the whole detail, with the server's keys and anything that looks like one (``sk-...``,
+``Bearer ...``) redacted.
+
 ``GET /v1/models`` lists ``rlm`` and ``rlm/<server model>``. A key (``--api-key``, sent as
 ``Authorization: Bearer KEY``) is required when the server binds anything but loopback.
 """
@@ -40,16 +48,16 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import time
 import uuid
 from typing import Any
 
-from harness.budget.caps import CAP_BY_NAME
-
 from rlm.aio import AsyncRLM, safe_listener
-from rlm.errors import ConfigError, ContextError, EndpointError, RLMError
+from rlm.errors import ConfigError, install_hint
 from rlm.config.options import OPTION_NAMES, SERVE
+from rlm.serve_errors import APIError, Redactor, _causes, _check_result, _error_of, _public
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
 
@@ -62,16 +70,7 @@ REMOTE_OPTIONS = frozenset({
 
 
 
-class APIError(Exception):
-    """An error response: HTTP ``status`` with the protocol's error object."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: dict | None = None,
-                 **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
-        self.body = {"error": {"message": message, "type": type_, "param": param, "code": code,
-                               **extra}}
+log = logging.getLogger("rlm.serve")
 
 
 def is_loopback(host: str) -> bool:
@@ -195,37 +194,6 @@ def _rlm_info(res: Any) -> dict:
             "replayed_calls": res.replayed_calls, "seconds": round(res.seconds, 3)}
 
 
-def _check_result(res: Any) -> None:
-    """Raise the protocol error of a run that did not complete."""
-    if res.status == "completed":
-        return
-    if res.status == "budget_exceeded":
-        cap = CAP_BY_NAME.get(res.cap or "")
-        status = cap.http_status if cap is not None else 402
-        raise APIError(status, f"the run stopped at its {res.cap} cap: {res.reason}",
-                       "budget_exceeded", code=res.cap, run_id=res.run_id,
-                       partial_answer=res.answer)
-    raise APIError(500, f"the run ended without an answer: {res.reason or res.status}",
-                   "run_failed", code=res.status, run_id=res.run_id)
-
-
-def _error_of(exc: BaseException) -> APIError:
-    from harness.errors import DivergenceError, RunActiveError, RunMismatchError
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, (RunMismatchError, RunActiveError)):
-        return APIError(409, str(exc), code="idempotency_conflict")
-    if isinstance(exc, DivergenceError):
-        return APIError(409, str(exc), "run_failed", code="divergence")
-    if isinstance(exc, (ConfigError, ContextError)):
-        return APIError(400, str(exc))
-    if isinstance(exc, EndpointError):
-        return APIError(502, f"the model endpoint failed: {exc}", "upstream_error")
-    if isinstance(exc, RLMError):
-        return APIError(500, str(exc), "run_failed", code=type(exc).__name__)
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-
-
 def _completion_body(res: Any, model: str) -> dict:
     return {"id": res.run_id, "object": "chat.completion", "created": int(time.time()),
             "model": model, "system_fingerprint": None,
@@ -286,6 +254,21 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
     return app
 
 
+def _redactor(options: dict, api_key: str | None) -> Redactor:
+    """The :class:`Redactor` of a server with run ``options`` and client key ``api_key``: its
+    upstream key and URL as the options give them or as the provider's variables do."""
+    urls, keys = [options.get("base_url")], [options.get("api_key"), api_key]
+    try:
+        from rlm.config.endpoint import external_endpoint
+        endpoint = external_endpoint(options)
+    except Exception:  # noqa: BLE001 - no model name yet: the run says so, not this
+        endpoint = None
+    if endpoint is not None:
+        urls.append(endpoint.base_url)
+        keys.append(endpoint.api_key)
+    return Redactor(keys, urls)
+
+
 def _error_response(err: APIError):
     from starlette.responses import JSONResponse
     return JSONResponse(err.body, status_code=err.status, headers=err.headers)
@@ -311,6 +294,23 @@ class _Server:
         self.slots = _Slots(max(1, int(max_concurrent_runs)))
         self.api_key = api_key
         self.upstream = model_name or options.get("model")
+        self.redactor = _redactor(options, api_key)
+        #: a retried request is told apart from a new one only through the journal
+        self.journaled = options.get("journal") is not False
+
+    def error_of(self, exc: BaseException, run_id: str) -> APIError:
+        """The error response of run ``run_id`` that raised ``exc`` (:func:`_error_of`), with no
+        key or upstream URL in it; a server-side failure (5xx) is logged with its whole detail,
+        keys redacted, for the operator."""
+        err = _error_of(exc)
+        if err.status >= 500:
+            detail = "".join(f"{type(e).__name__}: {e}" if i == 0 else
+                             f" (from {type(e).__name__}: {e})"
+                             for i, e in enumerate(_causes(exc)) if i < 2)
+            log.warning("run %s: answered HTTP %d (%s); %s", run_id, err.status,
+                        self.redactor.keys(err.body["error"]["message"]),
+                        self.redactor.keys(detail))
+        return _public(err, self.redactor)
 
     def authorize(self, request) -> None:
         """Raise a 401 :class:`APIError` unless the request carries the server's key."""
@@ -342,7 +342,12 @@ class _Server:
             self.authorize(request)
             body = _read_json(await request.body())
             context, query, opts = request_options(body, self.upstream)
-            run_id = _run_id(request.headers.get("idempotency-key"))
+            key = request.headers.get("idempotency-key")
+            if key is not None and not self.journaled:
+                raise APIError(400, "this server keeps no journal (rlm serve --no-journal), so "
+                               "an Idempotency-Key cannot be honoured: send the request without "
+                               "one, or run the server with a journal", param="Idempotency-Key")
+            run_id = _run_id(key)
             stream = bool(body.get("stream"))
             if not self.slots.take():
                 raise APIError(429, f"all {self.slots.n} run slots are busy; retry later",
@@ -360,7 +365,7 @@ class _Server:
             _check_result(res)
             return JSONResponse(_completion_body(res, model))
         except Exception as exc:  # noqa: BLE001 - every failure is an error response
-            return _error_response(_error_of(exc))
+            return _error_response(self.error_of(exc, run_id))
         finally:
             self.slots.give()
 
@@ -379,7 +384,7 @@ class _Server:
                                                             listeners=listeners, **opts))
         try:
             yield _chunk(run_id, model, {"role": "assistant", "content": ""})
-            async for chunk in _relay(task, events, run_id, model):
+            async for chunk in _relay(task, events, run_id, model, self.error_of):
                 yield chunk
         finally:
             if not task.done():  # the client went away: cancel the run
@@ -396,9 +401,11 @@ class _Server:
                                         code="not_found"))
 
 
-async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, model: str):
+async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, model: str,
+                 error_of: Any = None):
     """The chunks of a streamed run after its first: each stage event while ``task`` runs, the
-    ones left when it ends, then its answer and usage (or its error event) and ``[DONE]``."""
+    ones left when it ends, then its answer and usage (or its error event: ``error_of(exc,
+    run_id)``, default :func:`_error_of`) and ``[DONE]``."""
     while True:
         getter = asyncio.ensure_future(events.get())
         done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -413,7 +420,8 @@ async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, m
         res = task.result()
         _check_result(res)
     except Exception as exc:  # noqa: BLE001 - sent as the stream's error event
-        yield f"data: {json.dumps(_error_of(exc).body)}\n\n"
+        err = error_of(exc, run_id) if error_of is not None else _public(_error_of(exc), Redactor())
+        yield f"data: {json.dumps(err.body)}\n\n"
         return
     yield _chunk(run_id, model, {"content": res.answer})
     yield _chunk(run_id, model, {}, "stop", usage=_usage(res), rlm=_rlm_info(res))
@@ -436,9 +444,14 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
     try:
         import uvicorn
     except ImportError:
-        raise ConfigError("rlm serve needs the serve extra: pip install 'rlm-kernels[serve]'") \
+        raise ConfigError(f"rlm serve needs the serve extra: {install_hint('serve')}") \
             from None
     app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs)
+    # what the process logs (the runs' retries and failures quote the upstream) has its keys
+    # redacted, whichever logger it comes from
+    redact = _redactor(dict(options or {}), api_key).record
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(redact)
     import sys
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
     # bound here rather than by uvicorn: a port in use is a clear error (uvicorn logs it and
@@ -488,22 +501,24 @@ def _bind(host: str, port: int, shown: str):
 # --------------------------------------------------------------------------- the command
 
 def _check_prices_at_start(o: dict) -> None:
-    """With a cost cap among the server's defaults, every model it may call must have a price:
-    refused at start, not on every request. Raises ConfigError (an unreadable price file, an
-    unpriced model)."""
-    from rlm.config.endpoint import external_endpoint
-    if o.get("max_cost_usd") is None:
-        return
-    endpoint = external_endpoint(o)
-    if endpoint is None:  # the embedded model: local, free
-        return
+    """What every request would fail on is refused at start (exit 2), not blamed on clients
+    with a 400 each time: an endpoint without a model name, an unreadable or malformed price
+    file, and with a cost cap a model without a price. Raises ConfigError."""
     from harness.budget.accountant import Accountant, Budget
     from harness.budget.prices import PriceTable
+
+    from rlm.config.endpoint import external_endpoint
+    endpoint = external_endpoint(o)  # raises for a URL or key without a model name
     try:
         prices = PriceTable.from_file(o["price_file"]) if o.get("price_file") else PriceTable()
+    except Exception as exc:  # a missing or malformed price file
+        raise ConfigError(str(exc)) from None
+    if o.get("max_cost_usd") is None or endpoint is None:  # the embedded model: local, free
+        return
+    try:
         Accountant(Budget(max_cost_usd=o["max_cost_usd"]), prices).check_prices(
             {m for m in (endpoint.model, o.get("sub_model"), o.get("child_model")) if m})
-    except Exception as exc:  # UnknownPrice, a bad price file
+    except Exception as exc:  # UnknownPrice
         raise ConfigError(str(exc).replace("(CLI: --price-file PATH; API: price_file=PATH)",
                                            "(rlm serve --price-file PATH)")) from None
 
@@ -520,11 +535,14 @@ def add_arguments(p: Any) -> None:
                    help="TCP port, 0-65535 (default 8000; 0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RLM_SERVE_API_KEY"), metavar="KEY",
                    help="key clients must send as 'Authorization: Bearer KEY' "
-                        "(env RLM_SERVE_API_KEY)")
+                        "(env RLM_SERVE_API_KEY, preferred: a flag's value is hidden from the "
+                        "process list only once read)")
     p.add_argument("--max-concurrent-runs", type=whole_number(1), default=4, metavar="N",
                    help="runs at once; further requests get 429 with Retry-After (default 4)")
     p.add_argument("--upstream-api-key", metavar="KEY",
-                   help="API key of the model endpoint the runs use (env OPENAI_API_KEY)")
+                   help="API key of the model endpoint the runs use (env OPENAI_API_KEY, "
+                        "preferred: a flag's value is hidden from the process list only once "
+                        "read)")
     add_registry_flags(p, SERVE)
 
 

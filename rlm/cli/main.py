@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rlm.config.argtypes import whole_number
+from rlm.cli.argv_secrets import hide_secret_flags
 from rlm.config.flags import add_arguments, options_from_args
 
 # the command names of rlm.config.options (RUN, RESUME, REPLAY); the option registry itself is
@@ -94,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "by writing code. The answer goes to stdout.")
     r.add_argument("--context", required=True, action="append", metavar="PATH",
                    help="a file, a directory, or a quoted glob ('logs/*.log.gz'); repeat for "
-                   "several. One file: .json is parsed, .jsonl/.csv/.tsv/.pdf/.html/.gz/.bz2/.xz "
-                   "are read by format, anything else is text; '-' reads stdin. A directory, "
+                   "several. One file: .json and .toml are parsed, .jsonl/.csv/.tsv/.pdf/.html/.gz/.bz2/"
+                   ".xz are read by format, anything else is text; '-' reads stdin. A directory, "
                    "glob or several paths: a dict of relative path -> text (.gitignore honoured; "
                    "hidden dirs and virtualenvs skipped; files that are not text are listed, "
                    "not loaded)")
@@ -193,7 +194,7 @@ def _emit(res, args, summary: bool = True) -> int:
                   f"iteration(s), {u.get('calls', 0)} model call(s), {u.get('total_tokens', 0)} "
                   f"tokens, ${u.get('cost_usd', 0):.4f}"
                   + (" (estimated: the endpoint reported no usage)" if getattr(res, "usage_estimated", False)
-                     else "") + _all_attempts(u), file=sys.stderr)
+                     else "") + _all_attempts(u) + _sandbox_note(res), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
         print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
@@ -254,7 +255,9 @@ def _cmd_show(args) -> int:
     tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
     # what the model or the user wrote is shown with its control characters escaped: an
     # escape sequence in an answer must not drive the terminal of whoever reads the journal
-    print(f"run {printable(args.run_id)}  state={rec['state']}  query={rec.get('query')!r}")
+    sandbox = (rec.get("usage") or {}).get("sandbox")
+    print(f"run {printable(args.run_id)}  state={rec['state']}  query={rec.get('query')!r}"
+          + (f"  kernels={printable(str(sandbox))}" if sandbox else ""))
     if rec.get("answer") is not None:
         print(f"answer: {printable(rec['answer'])}")
     print(printable(tree.render(max_level=args.max_level)))
@@ -399,12 +402,30 @@ def _install_signal_handlers() -> None:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+#: The flags that decide which kernels a run starts ahead (:func:`_depth_flags`).
+_AHEAD_FLAGS = (("--max-depth", "max_depth"), ("--pool-size", "pool_size"),
+                ("--kernel-memory", "kernel_memory_mb"), ("--kernel-processes", "kernel_processes"),
+                ("--kernel-disk", "kernel_disk_mb"))
+
+
+def _sandbox_note(res) -> str:
+    """How the run's kernels ran, for the summary line (docs/security.md)."""
+    mode = getattr(res, "sandbox", None)
+    return {"bwrap": "; kernels sandboxed", "none": "; kernels NOT sandboxed",
+            "mixed": "; some kernels NOT sandboxed"}.get(mode or "", "")
+
+
 def _depth_flags(argv: list[str]) -> dict:
-    """``max_depth`` and ``pool_size`` as given on an ``rlm run`` command line (ints; absent or
-    not a number: left out), read before the full parse so the kernels start first."""
-    out: dict = {}
+    """``max_depth``, ``pool_size`` and the sandbox options as given on an ``rlm run`` command
+    line (absent or not a number: left out), read before the full parse so the kernels start
+    first, in the sandbox the run asks for."""
+    out: dict = {"kernel_network": True} if "--kernel-network" in argv else {}
     for i, arg in enumerate(argv):
-        for flag, key in (("--max-depth", "max_depth"), ("--pool-size", "pool_size")):
+        if arg == "--sandbox" and i + 1 < len(argv):
+            out["sandbox"] = argv[i + 1]
+        elif arg.startswith("--sandbox="):
+            out["sandbox"] = arg[len("--sandbox="):]
+        for flag, key in _AHEAD_FLAGS:
             if arg == flag and i + 1 < len(argv):
                 value = argv[i + 1]
             elif arg.startswith(flag + "="):
@@ -421,20 +442,27 @@ def _depth_flags(argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``rlm`` command; returns the process exit code (int).
 
-    ``argv``: the arguments after the program name (default ``sys.argv[1:]``). For ``rlm run``,
+    ``argv``: the arguments after the program name (default ``sys.argv[1:]``, and then the
+    values of secret flags, ``--api-key`` and ``--upstream-api-key``, are first read and hidden
+    from the process's command line: :func:`rlm.cli.argv_secrets.hide_secret_flags`). For ``rlm run``,
     ``replay`` and ``resume`` the root's kernel (and for ``run`` its pool's) starts before
     anything heavy is imported (:func:`kernels.pool.head_start`), so its cold start overlaps
     the CLI's own start-up; a kernel the run did not take is shut down before this returns.
     """
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+        hide_secret_flags()  # before any kernel starts: none may read a key in /proc
+    else:
+        argv = list(argv)
     try:
         _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             from kernels.pool import drop_head_start, head_start
 
-            from rlm.config.ahead import kernels_ahead
+            from rlm.config.ahead import kernels_ahead, sandbox_of
             try:
-                head_start(kernels_ahead(_depth_flags(argv)))
+                ahead = _depth_flags(argv)
+                head_start(kernels_ahead(ahead), sandbox_of(ahead))
                 return _main(argv)
             finally:
                 drop_head_start()

@@ -15,6 +15,8 @@ import webbrowser
 from pathlib import Path
 from typing import Iterator
 
+from rlm.errors import install_hint
+
 __all__ = ["extend_parser", "handler_for", "run_hooks"]
 
 
@@ -50,7 +52,7 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
         p.add_argument("--otel", action="store_true",
                        help="export every stage as an OpenTelemetry span over OTLP/HTTP "
                        "(env RLM_OTEL=1; endpoint and headers from OTEL_EXPORTER_OTLP_*; "
-                       "needs `pip install 'rlm-kernels[otel]'`)")
+                       f"needs `{install_hint('otel')}`)")
         p.add_argument("--plain", action="store_true",
                        help="plain progress lines even on a terminal (no live view)")
     parsers["replay"].add_argument("--view", metavar="FILE.html",

@@ -2,9 +2,9 @@
 :func:`rlm.completion` and the CLI before anything heavy)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["kernels_ahead"]
+__all__ = ["kernels_ahead", "sandbox_of"]
 
 
 def kernels_ahead(options: dict) -> int:
@@ -17,3 +17,23 @@ def kernels_ahead(options: dict) -> int:
         value = options.get(name, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
     return 1 + pool_size_for(_int("max_depth", 1), _int("pool_size", None))
+
+
+def sandbox_of(options: Mapping[str, Any]):
+    """The :class:`kernels.bwrap.SandboxSpec` of a run with these options (``sandbox``,
+    ``kernel_network``, ``kernel_memory_mb``, ``kernel_processes``, ``kernel_disk_mb``); a
+    value of the wrong type counts as its default (the run's own validation reports it)."""
+    from kernels.bwrap import SandboxSpec
+    base = SandboxSpec()
+
+    def pick(name: str, default: Any, kind: type) -> Any:
+        value = options.get(name)
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        return value if ok else default
+    mode = options.get("sandbox")
+    disk = pick("kernel_disk_mb", base.disk_mb, int)
+    return SandboxSpec(mode=mode if mode in ("auto", "required", "none") else None,
+                       network=pick("kernel_network", base.network, bool),
+                       memory_mb=pick("kernel_memory_mb", base.memory_mb, int),
+                       processes=pick("kernel_processes", base.processes, int),
+                       disk_mb=disk, file_mb=disk)

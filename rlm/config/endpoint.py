@@ -7,7 +7,7 @@ import os
 from typing import Any, Mapping, NamedTuple
 
 from rlm.errors import ConfigError
-from rlm.models.base import provider_env
+from rlm.models.base import DEFAULT_PROVIDER, provider_env
 
 __all__ = ["Endpoint", "endpoint_configured", "external_endpoint"]
 
@@ -33,6 +33,21 @@ def endpoint_configured(o: Mapping[str, Any]) -> bool:
     return bool(base_url or api_key)
 
 
+def _provider_needs(o: Mapping[str, Any]) -> None:
+    """A provider other than the default names no endpoint of its own: refused, rather than
+    running on the embedded model the user did not ask for.
+
+    Raises:
+        ConfigError: ``provider`` is set, but neither a base URL nor a key is given (options or
+            that provider's variables)."""
+    provider = o.get("provider")
+    if provider and provider != DEFAULT_PROVIDER and not endpoint_configured(o):
+        spec = provider_env(provider)
+        raise ConfigError(f"--provider {provider} needs an endpoint: set {spec.key_env} (or "
+                          f"--api-key KEY), and {spec.url_env} or --base-url URL for a server "
+                          "other than its default")
+
+
 def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
     """The configured endpoint (see :func:`endpoint_configured`), or None for the embedded model.
 
@@ -42,6 +57,7 @@ def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
     Raises:
         ConfigError: an endpoint is configured but no model name is.
     """
+    _provider_needs(o)
     if not endpoint_configured(o):
         return None
     base_url, api_key = _endpoint_settings(o)

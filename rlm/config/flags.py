@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             kw["action"] = "append"
         if opt.type in (int, float):
             kw["type"] = opt.type
-        if opt.choices is not None:
+        if opt.type is bool:  # a flag without a value: given means True
+            kw.update(action="store_const", const=True)
+        elif opt.choices is not None:
             kw["choices"] = list(opt.choices)
         else:
             kw["metavar"] = opt.metavar

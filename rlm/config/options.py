@@ -36,8 +36,10 @@ from harness.budget.prices import PriceTable
 
 from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
                                  external_endpoint)
+from rlm.config.checks import (_http_url, _not_blank, _patterns, _price_file, _prompt,  # noqa: F401
+                               _run_id)
 from rlm.errors import ConfigError
-from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS
+from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS, provider_env
 from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
                                 LARGE_EMBEDDED_MODEL)
 
@@ -86,6 +88,11 @@ class Options:
     prices: PriceTable | None = None
     price_file: str | None = None
     pool_size: int | None = None
+    sandbox: str | None = None
+    kernel_network: bool = False
+    kernel_memory_mb: int = 4096
+    kernel_processes: int = 1024
+    kernel_disk_mb: int = 1024
     max_kernel_restarts: int = 3
     max_attempts: int = 6
     divergence: str = "stop"
@@ -106,8 +113,10 @@ MAX_DEPTH_LIMIT = 8
 #: flag sits with the command's own flags.
 ENDPOINT = "endpoint"
 LIMITS = "limits"
+SANDBOX = "sandbox"
 GROUP_TITLES = {ENDPOINT: "model endpoint (default: the embedded local model)",
-                LIMITS: "loop, depth and budget"}
+                LIMITS: "loop, depth and budget",
+                SANDBOX: "kernel sandbox (see docs/security.md)"}
 
 #: ``rlm`` commands whose flags come (partly) from the registry (``Option.commands``).
 RUN, RESUME, REPLAY, SERVE = "run", "resume", "replay", "serve"
@@ -217,73 +226,6 @@ class Option:
         return self.default
 
 
-def _http_url(v: Any) -> str | None:
-    """None for an http(s) URL the client can send to (a host, a valid port and address), else
-    what is wrong with it (RFC 3986 syntax through ``urllib.parse``; dotted numbers must be an
-    IPv4 address)."""
-    import ipaddress
-    import re
-    from urllib.parse import urlsplit
-    bad = f"must be an http:// or https:// URL such as http://127.0.0.1:8000/v1, got {v!r}"
-    if not isinstance(v, str) or not v.startswith(("http://", "https://")) \
-            or any(c.isspace() or ord(c) < 32 for c in v):
-        return bad
-    try:
-        parts = urlsplit(v)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-        host = parts.hostname
-    except ValueError as exc:
-        return f"{bad} ({exc})"
-    if not host:
-        return f"{bad} (no host)"
-    if parts.port == 0:
-        return f"{bad} (port 0)"
-    if ":" not in host and "" in host.rstrip(".").split("."):
-        return f"{bad} ({host!r} has an empty label)"
-    if re.fullmatch(r"[0-9.]+", host):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return f"{bad} ({host} is not an IPv4 address)"
-    return None
-
-
-def _not_blank(v: Any) -> str | None:
-    return None if str(v).strip() else "must not be empty"
-
-
-def _run_id(v: Any) -> str | None:
-    if not isinstance(v, str):
-        return f"must be a string, got {type(v).__name__} {v!r}"
-    if not v.strip():
-        return "must not be empty"
-    if len(v) > 200 or any(ord(c) < 32 or ord(c) == 127 for c in v):
-        return "must be at most 200 printable characters"
-    return None
-
-
-def _price_file(v: Any) -> str | None:
-    if not isinstance(v, (str, os.PathLike)):
-        return f"must be a path, got {type(v).__name__} {v!r}"
-    if not str(v).strip():
-        return "is empty: give the path of a JSON price file"
-    return None
-
-
-def _prompt(v: Any) -> str | None:
-    from rlm.prompting.prompts import PROFILES
-    if v in PROFILES or Path(str(v)).expanduser().is_file():
-        return None
-    return (f"must be {' or '.join(PROFILES)}, or a template file's path; "
-            f"{str(v)!r} is neither (no such file)")
-
-
-def _patterns(v: Any) -> str | None:
-    if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
-        return None
-    return f"must be a glob pattern or a list of them, got {v!r}"
-
-
 _RUN_RESUME = (RUN, RESUME)
 
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
@@ -328,8 +270,10 @@ OPTIONS: tuple[Option, ...] = (
            help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (env OPENAI_BASE_URL)",
            doc="OpenAI-compatible endpoint (env `OPENAI_BASE_URL`)", doc_default="embedded server"),
     Option("api_key", "--api-key", metavar="KEY", group=ENDPOINT, commands=_RUN_RESUME,
-           help="API key (env OPENAI_API_KEY)",
-           doc="API key (env `OPENAI_API_KEY`); never journaled, never seen by kernels"),
+           help="API key (env OPENAI_API_KEY, preferred: a flag's value is hidden from the "
+                "process list only once read)",
+           doc="API key (env `OPENAI_API_KEY`, preferred: the flag's value is overwritten in "
+               "the command line once read); never journaled, never seen by kernels"),
     Option("sub_model", "--sub-model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
            stored=True, help="model for llm_query and depth-limit fallbacks (default: --model)",
            doc="model for `llm_query` and depth-limit fallbacks", doc_default="`--model`"),
@@ -397,6 +341,30 @@ OPTIONS: tuple[Option, ...] = (
            commands=(RUN,),
            help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
            doc="idle pre-started kernels for children", doc_default="0 / 2"),
+    Option("sandbox", "--sandbox", choices=("auto", "required", "none"), metavar="MODE",
+           group=SANDBOX, commands=_RUN_RESUME, stored=True,
+           help="kernel sandbox: auto (default: bubblewrap where it works, else a warning), "
+                "required (refuse to start a kernel without it, exit 4) or none "
+                "(env RLM_SANDBOX)",
+           doc="kernel sandbox: `auto`, `required` or `none` (env `RLM_SANDBOX`)",
+           doc_default="`auto`"),
+    Option("kernel_network", "--kernel-network", bool, False, group=SANDBOX,
+           commands=_RUN_RESUME, stored=True,
+           help="let sandboxed kernels reach the network (default: none at all)",
+           doc="sandboxed kernels keep the network"),
+    Option("kernel_memory_mb", "--kernel-memory", int, 4096, min=64, max=1_048_576,
+           metavar="MB", group=SANDBOX, commands=_RUN_RESUME, stored=True,
+           help="address space of a sandboxed kernel, MiB (default 4096)",
+           doc="address space of a sandboxed kernel (MiB)"),
+    Option("kernel_processes", "--kernel-processes", int, 1024, min=16, max=1_000_000,
+           metavar="N", group=SANDBOX, commands=_RUN_RESUME, stored=True,
+           help="processes and threads of a sandboxed kernel (default 1024)",
+           doc="processes and threads of a sandboxed kernel"),
+    Option("kernel_disk_mb", "--kernel-disk", int, 1024, min=16, max=1_048_576, metavar="MB",
+           group=SANDBOX, commands=_RUN_RESUME, stored=True,
+           help="private /tmp and home of a sandboxed kernel, and its largest file, MiB "
+                "(default 1024)",
+           doc="private `/tmp` and home of a sandboxed kernel, and its largest file (MiB)"),
     Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
            stored=True, check=_price_file,
            help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
@@ -471,7 +439,8 @@ OPTIONS: tuple[Option, ...] = (
 SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "embedded_model",
                  "max_attempts", "max_iterations", "max_depth", "cell_timeout",
                  "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
-                 "max_children_per_call", "max_concurrency", "price_file")
+                 "max_children_per_call", "max_concurrency", "price_file", "sandbox",
+                 "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb")
 OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,)) if o.name in SERVE_OPTIONS else o
                 for o in OPTIONS)
 
@@ -517,6 +486,8 @@ def validate_options(o: Mapping[str, Any]) -> None:
             _check_number(opt, v)
         if opt.choices is not None and v not in opt.choices:
             raise ConfigError(f"{opt.label} must be {_alternatives(opt.choices)}")
+        if opt.type is bool and not isinstance(v, bool):
+            raise ConfigError(f"{opt.label} must be True or False, got {v!r}")
         if opt.check is not None:
             problem = opt.check(v)
             if problem:
@@ -536,14 +507,15 @@ def validate_options(o: Mapping[str, Any]) -> None:
     if listeners is not None and (not isinstance(listeners, (list, tuple))
                                   or not all(callable(x) for x in listeners)):
         raise ConfigError(f"listeners must be a list of callables, got {listeners!r}")
-    env_url = os.environ.get("OPENAI_BASE_URL")
+    spec = provider_env(o.get("provider"))
+    env_url = os.environ.get(spec.url_env)
     if not o.get("base_url") and env_url:
         problem = _http_url(env_url)
         if problem:
-            raise ConfigError(f"OPENAI_BASE_URL {problem}")
+            raise ConfigError(f"{spec.url_env} {problem}")
     if o.get("model") and not endpoint_configured(o):
         raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
-                          "OPENAI_BASE_URL / OPENAI_API_KEY); without one the embedded model "
+                          f"{spec.url_env} / {spec.key_env}); without one the embedded model "
                           "is used, chosen with --embedded-model")
 
 

@@ -37,6 +37,7 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
         return spec  # an open Journal given by the caller, who closes it
     from harness.journal import Journal, JournalError
     named = spec if spec not in (None, True) else os.environ.get("RLM_JOURNAL") or None
+    _check_scheme(named)
     if must_exist and named is not None and "://" not in str(named) \
             and not Path(named).expanduser().exists():
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
@@ -53,6 +54,21 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
         return Journal(spec if spec not in (None, True) else None, **kwargs)
     except JournalError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check_scheme(named: Any) -> None:
+    """A journal named as a URL must be a PostgreSQL one (``postgresql://`` or
+    ``postgres://``); anything else with a scheme (``sqlite:///x``, ``mysql://``, a typo such
+    as ``postgresq://``) would otherwise be taken as a relative file name.
+
+    Raises:
+        ConfigError: another scheme."""
+    import re
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", str(named)) if named is not None else None
+    if m and m.group(1) not in ("postgresql", "postgres"):  # as is_postgres_url reads it
+        raise ConfigError(f"journal {m.group(0)}...: a journal is a SQLite file path or a "
+                          "postgresql:// URL (for SQLite give the path itself, e.g. "
+                          "--journal ./runs.sqlite3)")
 
 
 def _writable(path: Path) -> bool:

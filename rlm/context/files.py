@@ -40,6 +40,8 @@ def scratch_error(exc: OSError, path: str | None) -> ContextError:
     (``exc``; ``path``: the file, when the error does not name it), e.g. a full disk."""
     where = path or exc.filename2 or exc.filename
     folder = os.path.dirname(str(where)) if where else tempfile.gettempdir()
+    if os.path.basename(folder) == "ctx":  # a sandboxed kernel's context directory
+        folder = os.path.dirname(folder)
     if os.path.basename(folder).startswith("rlm-k-"):  # a kernel's directory, removed by now
         folder = os.path.dirname(folder)
     err = ContextError(f"could not write the context for the kernel: {exc.strerror or exc}"

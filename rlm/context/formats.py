@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from harness.text import clean, clean_text
 
-from rlm.errors import ContextError
+from rlm.errors import ContextError, install_hint
 
 #: Compression suffix -> opener of a file object: read through, then by the inner suffix.
 COMPRESSED = {".gz": lambda f: gzip.GzipFile(fileobj=f), ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
@@ -53,7 +53,7 @@ BINARY_SUFFIXES = frozenset("""
 """.split())
 ARCHIVES = frozenset(".zip .tar .tgz .tbz2 .txz .7z .rar .whl .jar .war .egg .deb .rpm .zst .lz4".split())
 
-PDF_HINT = "pip install 'rlm-kernels[pdf]'"
+PDF_HINT = install_hint("pdf")
 _CHUNK = 1 << 20
 
 

@@ -1,8 +1,10 @@
 """The metadata of a dict context the root model sees: keys and sizes, never contents.
 
 Up to 40 keys are listed with their sizes; more are summarised by top directory and
-extension, with the largest entries. Files that were not loaded (not text) and what the
-walking rules left out (.gitignore, hidden, --include/--exclude) are counted and named.
+extension, with the largest entries. Files that were not loaded (not text), paths that were
+not read at all (a symlink out of the named paths, a FIFO, a socket, a device, a symlinked
+directory: with the reason of each) and what the walking rules left out (.gitignore, hidden,
+--include/--exclude) are counted and named.
 """
 from __future__ import annotations
 
@@ -15,16 +17,32 @@ def _ignored_text(ignored: dict) -> str:
     return ", ".join(f"{n} {why} (e.g. {', '.join(ex)})" for why, (n, ex) in ignored.items())
 
 
+def _unread_text(unread: list) -> str:
+    """The listing's sentence on the paths not read: each with its reason (by reason, and
+    the first 10, past 20 of them)."""
+    s = f" Not read: {len(unread)} path(s)"
+    if len(unread) > 20:
+        reasons: dict[str, int] = {}
+        for _, r in unread:
+            reasons[r] = reasons.get(r, 0) + 1
+        s += f", by reason: {json.dumps(reasons, ensure_ascii=False)}; for example"
+    shown = dict(unread[:10 if len(unread) > 20 else 20])
+    return s + f": {json.dumps(shown, ensure_ascii=False)}."
+
+
 def describe_files(info: dict, *, origin: str | None = None, skipped: list = (),
                    ignored: dict | None = None, notes: dict | None = None,
-                   show_all: int = 40) -> dict:
+                   show_all: int = 40, unread: list = ()) -> dict:
     """Metadata of a dict context for the system prompt: keys and sizes, never contents.
 
     ``info`` maps key -> (kind, characters); a kind other than text is described by
     :func:`rlm.context.formats.describe_kind`. With more than ``show_all`` keys the listing
     is shortened to counts per top directory and extension plus the largest entries.
+    ``skipped``: ``(key, bytes, reason)`` of files not loaded because not text; ``unread``:
+    ``(key, reason)`` of paths not read at all (:func:`rlm.context.sources.collect`).
     Returns :func:`rlm.context.load.describe`'s fields plus ``listing`` (the prompt's text),
-    ``skipped`` and ``ignored``.
+    ``skipped`` (both kinds, each ``{"path", "bytes", "reason"}``; ``bytes`` None for a
+    path not read) and ``ignored``.
     """
     from rlm.models.tokens import estimate_tokens
     n = len(info)
@@ -72,6 +90,8 @@ def describe_files(info: dict, *, origin: str | None = None, skipped: list = (),
                   f"{json.dumps(reasons, ensure_ascii=False)}; for example")
         shown = {k: f"{r}, {size:,} bytes" for k, size, r in skipped[:10 if len(skipped) > 20 else 20]}
         s += f": {json.dumps(shown, ensure_ascii=False)}."
+    if unread:
+        s += _unread_text(list(unread))
     if ignored:
         s += f" Left out by rule: {_ignored_text(ignored)}."
     if notes:
@@ -81,5 +101,6 @@ def describe_files(info: dict, *, origin: str | None = None, skipped: list = (),
     keys = list(lens)[:50]
     return {"type": "dict", "chars": chars, "tokens_estimate": estimate_tokens(chars), "items": n,
             "item_chars": {k: lens[k] for k in keys}, "listing": s,
-            "skipped": [{"path": k, "bytes": size, "reason": r} for k, size, r in skipped],
+            "skipped": [{"path": k, "bytes": size, "reason": r} for k, size, r in skipped]
+            + [{"path": k, "bytes": None, "reason": r} for k, r in unread],
             "ignored": {why: n for why, (n, _) in (ignored or {}).items()}}

@@ -127,7 +127,8 @@ class LoadedContext:
 
         Raises:
             ContextError: the file could not be written, copied or moved (a full disk,
-            say), naming the file.
+            say), or a file the user who ran sudo may not read would have been copied for
+            the kernel (:func:`kernels.sandbox.share_file`), naming the file.
         """
         if not self.path:
             return None
@@ -141,6 +142,9 @@ class LoadedContext:
                 self._rewrite()
                 self.settle()
             dest = kernel.share_file(self.path, self.fmt, True)
+        except PermissionError as exc:  # not the user's to give (sudo), or not ours to copy
+            raise ContextError(f"cannot give the kernel context file {exc.filename}: "
+                               f"{exc.strerror}") from None
         except OSError as exc:  # the kernel's private copy, on a full disk say
             raise files.scratch_error(exc, None) from None
         if dest != self.path:  # the kernel's own file now (whatever is at path is not ours)
@@ -238,7 +242,8 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
         walk, _base, origin = sources.collect(paths, include, exclude)
         return _bundle(walk.files, origin, enc, max_bytes, scratch_dir, walk.ignored, {
             "sources": [os.path.abspath(os.path.expanduser(str(x))) for x in paths],
-            "include": include or None, "exclude": exclude or None, "max_bytes": max_bytes})
+            "include": include or None, "exclude": exclude or None, "max_bytes": max_bytes},
+            unread=walk.unread)
     if isinstance(source, dict) and any(isinstance(v, os.PathLike) for v in source.values()):
         items = [(clean_text(str(k)), Path(v) if isinstance(v, os.PathLike) else v)
              for k, v in source.items()]
@@ -283,10 +288,10 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
 
 
 def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored: dict,
-            spec: dict | None) -> LoadedContext:
+            spec: dict | None, unread: list | None = None) -> LoadedContext:
     from rlm.context import sources
     b = sources.build(items, origin=origin, encoding=enc, max_bytes=max_bytes,
-                      scratch_dir=scratch_dir, ignored=ignored)
+                      scratch_dir=scratch_dir, ignored=ignored, unread=unread)
     ctx = LoadedContext(None, "bundle", b.manifest, True, origin, enc, b.sha256, meta=b.meta,
                         extra_files=[b.blob] if b.blob else [], spec=spec)
     return ctx

@@ -96,18 +96,28 @@ def read_file(path: str, limit: int) -> Read:
     """Stat a file and refuse it (not there, a directory, over ``limit``), then read it: a
     regular file in one buffer, checked unchanged since its size was taken; a device or a
     pipe has no size: it is read up to the cap, and given up at once when its first bytes
-    are binary (/dev/zero, /dev/urandom).
+    are binary (/dev/zero, /dev/urandom). A symlink is read where it leads (the user named
+    it). On a root host started through sudo whose kernels run as another user, a regular
+    file the user who ran sudo may not read is refused (:func:`rlm.context.sources.confining_user`).
 
     Raises:
         ContextError: an empty path, a missing file, a directory, over ``limit``, a file
-            that cannot be read or that changed while it was read.
+            that cannot be read (or that the user who ran sudo may not read) or that changed
+            while it was read.
     """
-    from rlm.context.sources import _too_big, shown_path
+    from rlm.context.sources import _too_big, confining_user, not_the_users, shown_path
     p = _existing_file(path)
     inner, comp = formats.split_suffixes(p.name)
     try:
         st = p.stat()
         regular = stat.S_ISREG(st.st_mode)
+        user = confining_user() if regular else None
+        if user is not None:
+            from kernels.sandbox import _readable
+            if not _readable(str(p), user, {}):
+                raise ContextError(f"context file {shown_path(path)} is "
+                                   f"{not_the_users(user)}; run rlm as that user, or give "
+                                   "a file it may read")
         if regular and st.st_size > limit:
             raise _too_big([(p.name, st.st_size)], limit, path)
         early = not regular and not comp and not formats.format_of(inner).binary

@@ -3,13 +3,26 @@ are paths, loaded as a ``dict`` of relative path -> value (see :mod:`rlm.context
 
 Which files (a walk never follows directory symlinks):
 
+- only what the user named: a symlink whose target resolves (``os.path.realpath``) outside
+  the named roots (each directory, each glob's fixed prefix, each file named) is not read,
+  nor a FIFO, a socket or a device (directly or through a symlink), a broken symlink or a
+  symlink loop; a symlinked directory is not walked. Each is listed with its reason
+  (:data:`OUTSIDE` and the like). A file named itself in a list of paths may be a symlink
+  to anywhere (the user named it), but must be a regular file;
 - hidden files and directories (``.git``, ``.venv``, ``.env``), ``__pycache__``,
   ``node_modules`` and virtual environments (a directory holding ``pyvenv.cfg``) are left out;
 - ``.gitignore`` files inside the walked tree are honoured (``pathspec``, git's rules);
 - ``include`` keeps only keys matching one of its patterns, ``exclude`` drops matches
   (gitignore-style patterns on the relative path: ``*.py``, ``docs/``, ``src/**/test_*``);
 - files that are not text are skipped and listed with their size and why, never dropped
-  silently; what rules left out is counted in the metadata too.
+  silently; what rules left out is counted in the metadata too (a directory once, not every
+  file in it), and so is a second key for the same file (an inside symlink to it);
+- on a root host started through sudo whose kernels run as another user, a file the user
+  who ran sudo (``SUDO_UID``) may not read is not read either
+  (:func:`kernels.sandbox.starting_user`).
+
+Every entry a walk meets ends up as a key, or listed: among the rules' counts, or among the
+paths not read (``unread``, with the reason of each).
 
 Keys are relative to the directory (one directory), the glob's fixed prefix (one glob), or
 the common parent of all given paths (several), with ``/`` separators, in sorted order.
@@ -22,196 +35,22 @@ the context's sha256 is computed while streaming.
 from __future__ import annotations
 
 import codecs
-import glob as globlib
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from harness.text import clean, clean_text
+from harness.text import clean
 
 from rlm.context import formats
 from rlm.context.files import BlobWriter, naming, write_new
 from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re-exported)
 from rlm.errors import ContextError
 
-DEFAULT_MAX_BYTES = 2_000_000_000
-SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
-_MAGIC = re.compile(r"[*?\[]")
-_CHUNK = 1 << 20
-
-
-@dataclass
-class Bundle:
-    """A built many-file context: ``manifest`` is the file the kernel binds from."""
-
-    manifest: str
-    blob: str | None
-    sha256: str
-    meta: dict
-    entries: int
-    origin: str
-
-
-@dataclass
-class _Walk:
-    files: list = field(default_factory=list)          # (key, abs path)
-    ignored: dict = field(default_factory=dict)        # why -> [count, examples]
-
-    def ignore(self, why: str, what: str) -> None:
-        n = self.ignored.setdefault(why, [0, []])
-        n[0] += 1
-        if len(n[1]) < 4:
-            n[1].append(what)
-
-
-def _spec(patterns: Iterable[str]):
-    import pathspec
-    return pathspec.GitIgnoreSpec.from_lines([p for p in patterns if p and p.strip()])
-
-
-def _rel(path: str, base: str) -> str:
-    # a file name that is not UTF-8 (surrogate-escaped bytes) is shown with U+FFFD: harness.text
-    return clean_text(os.path.relpath(path, base).replace(os.sep, "/"))
-
-
-def _hidden_or_skipped_dir(name: str, full: str) -> str | None:
-    if name.startswith("."):
-        return "hidden"
-    if name in SKIP_DIRS or os.path.exists(os.path.join(full, "pyvenv.cfg")):
-        return "virtualenv/cache directory"
-    return None
-
-
-def _walk_dir(root: str, base: str, w: _Walk, filters) -> None:
-    specs: dict[str, Any] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        gi = os.path.join(dirpath, ".gitignore")
-        if os.path.isfile(gi):
-            try:
-                with open(gi, encoding="utf-8", errors="replace") as f:
-                    specs[dirpath] = _spec(f.read().splitlines())
-            except OSError:
-                pass
-
-        def gitignored(full: str, is_dir: bool) -> bool:
-            d = dirpath
-            while True:
-                spec = specs.get(d)
-                if spec is not None and spec.match_file(_rel(full, d) + ("/" if is_dir else "")):
-                    return True
-                if d == root or len(d) <= len(root):
-                    return False
-                d = os.path.dirname(d)
-
-        keep = []
-        for name in sorted(dirnames):
-            full = os.path.join(dirpath, name)
-            why = _hidden_or_skipped_dir(name, full)
-            if why is None and gitignored(full, True):
-                why = ".gitignore"
-            if why:
-                w.ignore(why, _rel(full, base) + "/")
-            elif not os.path.islink(full):
-                keep.append(name)
-        dirnames[:] = keep
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            if name.startswith("."):
-                w.ignore("hidden", _rel(full, base))
-            elif gitignored(full, False):
-                w.ignore(".gitignore", _rel(full, base))
-            elif os.path.isfile(full):
-                _add(w, full, base, filters)
-
-
-def _add(w: _Walk, full: str, base: str, filters) -> None:
-    include, exclude = filters
-    key = _rel(full, base)
-    if include is not None and not include.match_file(key):
-        w.ignore("not matching --include", key)
-    elif exclude is not None and exclude.match_file(key):
-        w.ignore("--exclude", key)
-    else:
-        w.files.append((key, full))
-
-
-def collect(sources: list, include: list | None = None,
-            exclude: list | None = None) -> tuple[_Walk, str, str]:
-    """Find the files of a many-path context.
-
-    Returns:
-        ``(walk, base, origin)``: the files as (key, path) in key order, the directory keys
-        are relative to, and a description of where they came from.
-    Raises:
-        ContextError: a path that does not exist, or a glob that matches nothing.
-    """
-    args = []
-    for s in sources:
-        raw = os.path.expanduser(str(s))
-        p = os.path.abspath(raw)
-        if os.path.isdir(p):
-            args.append(("dir", p, p))
-        elif os.path.exists(p):
-            args.append(("file", p, p))
-        elif _MAGIC.search(raw):
-            prefix = []
-            for part in Path(p).parts:
-                if _MAGIC.search(part):
-                    break
-                prefix.append(part)
-            args.append(("glob", p, str(Path(*prefix))))
-        else:
-            raise ContextError(f"context file not found: {shown_path(s)}")
-    if not args:
-        raise ContextError("no context given")
-    base = os.path.commonpath([a[2] for a in args])
-    if not os.path.isdir(base):
-        base = os.path.dirname(base)
-    filters = (_spec(include) if include else None, _spec(exclude) if exclude else None)
-    w = _Walk()
-    for kind, p, _ in args:
-        if kind == "dir":
-            _walk_dir(p, base, w, filters)
-        elif kind == "file":
-            _add(w, p, base, filters)
-        else:
-            matches = sorted(globlib.glob(p, recursive=True))
-            if not matches:
-                raise ContextError(f"context pattern {p} matched no files")
-            for m in matches:
-                parts = Path(_rel(m, base)).parts
-                if any(x in SKIP_DIRS or x.startswith(".") for x in parts):
-                    w.ignore("hidden" if any(x.startswith(".") for x in parts)
-                             else "virtualenv/cache directory", _rel(m, base))
-                elif os.path.isdir(m):
-                    _walk_dir(m, base, w, filters)
-                elif os.path.isfile(m):
-                    _add(w, m, base, filters)
-    seen, files = set(), []
-    for key, full in sorted(w.files):
-        real = os.path.realpath(full)
-        if real not in seen:
-            seen.add(real)
-            files.append((key, Path(full)))
-    w.files = files
-    if len(args) == 1 and args[0][0] == "dir":
-        origin = f"the directory {base}"
-    elif len(args) == 1 and args[0][0] == "glob":
-        origin = f"the files matching {args[0][1]}"
-    else:
-        origin = f"{len(args)} paths under {base}"
-    return w, base, origin
-
-
-def shown_path(path: object) -> str:
-    """``path`` as a message shows it: as given, or quoted (``repr``) when it is empty, has
-    spaces at either end or characters that do not print (so ``' '`` is not shown blank)."""
-    text = str(path)
-    return text if text and text == text.strip() and text.isprintable() else repr(text)
+from rlm.context.walk import (_CHUNK, _MAGIC, Bundle, DEFAULT_MAX_BYTES,  # noqa: F401
+                             _kind, collect, confining_user, not_the_users, shown_path)
 
 
 def _human(n: float) -> str:
@@ -303,8 +142,12 @@ def _hash_pool():
 
 def build(items: list, *, origin: str, encoding: str | None = None,
           max_bytes: int | None = None, scratch_dir: str | None = None,
-          ignored: dict | None = None) -> Bundle:
+          ignored: dict | None = None, unread: list | None = None) -> Bundle:
     """Load ``items`` (``(key, Path)`` to read, or ``(key, value)`` given) into a bundle.
+
+    ``ignored`` (why -> [count, examples]) and ``unread`` (``(key, reason)``: paths met and
+    not read, :func:`collect`) are listed in its metadata, with the files found not to be
+    text, or not to be read after all (:meth:`_Builder.add`).
 
     Raises:
         ContextError: nothing loadable (empty, or only files that are not text), or more
@@ -313,7 +156,8 @@ def build(items: list, *, origin: str, encoding: str | None = None,
     limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
     _check_sizes_on_disk(items, limit, origin)
     enc = None if encoding in (None, "", "auto") else encoding
-    b = _Builder(origin, enc, limit, BlobWriter(scratch_dir))
+    b = _Builder(origin, enc, limit, BlobWriter(scratch_dir), unread=list(unread or ()),
+                 user=confining_user())
     try:
         for key, src in items:
             b.add(key, src)
@@ -328,7 +172,7 @@ def build(items: list, *, origin: str, encoding: str | None = None,
         _refuse_nothing_loaded(b, origin, ignored)
     manifest = _write_manifest(b, scratch_dir)
     meta = describe_files(b.info, origin=origin, skipped=b.skipped, ignored=ignored or {},
-                          notes=b.notes)
+                          notes=b.notes, unread=sorted(b.unread))
     return Bundle(manifest, b.writer.path, b.digest.hexdigest(), meta, len(b.entries), origin)
 
 
@@ -357,6 +201,9 @@ class _Builder:
     digest: Any = field(default_factory=hashlib.sha256)
     total: int = 0                                     # bytes loaded so far
     loaded_sizes: list = field(default_factory=list)   # (key, bytes) loaded so far
+    unread: list = field(default_factory=list)         # (key, reason): not read at all
+    user: Any = None                                   # whose rights bound the reading
+    searchable: dict = field(default_factory=dict)     # (for kernels.sandbox._readable)
 
     def add(self, key: str, src: Any) -> None:
         """Load one item: a file (read in place, or converted into the scratch file; a
@@ -373,7 +220,11 @@ class _Builder:
 
     def _read_file(self, key: str, src: Path) -> tuple[str, tuple] | None:
         """``(kind, (entry, chars, sha256, bytes))`` for a file, or None: skipped."""
-        path, size = str(src), os.path.getsize(src)
+        path = str(src)
+        why, size = self._unreadable(path)
+        if why:
+            self.unread.append((key, why))
+            return None
         inner, comp = formats.split_suffixes(os.path.basename(path))
         scan = None
         if comp is None and formats.format_of(inner, directory=True) is formats.TEXT \
@@ -382,13 +233,31 @@ class _Builder:
             scan = _scan_in_place(path)
         if scan is not None:  # UTF-8 text: the kernel reads the user's file in place
             off, n, chars, sha = scan
-            return "text", ([key, os.path.abspath(path), off, n, "text"], chars, sha, n)
+            # a symlink: where it led when it was checked (collect), whatever it is made
+            # to point at later
+            where = os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+            return "text", ([key, where, off, n, "text"], chars, sha, n)
         conv = self._convert(key, path, size)
         if conv is None:
             return None
         if conv.notes:
             self.notes[key] = conv.notes
         return conv.kind, _store(self.writer, key, conv.value, conv.kind)
+
+    def _unreadable(self, path: str) -> tuple[str | None, int]:
+        """``(why, size)``: why the file at ``path`` is not read after all (None: it is read),
+        and its size: it is no longer a regular file (a FIFO would block the reading), or
+        the user who ran sudo may not read it (:func:`confining_user`)."""
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror})", 0
+        why = _kind(st.st_mode)
+        if why is None and self.user is not None:
+            from kernels.sandbox import _readable
+            if not _readable(path, self.user, self.searchable):
+                why = not_the_users(self.user)
+        return why, st.st_size
 
     def _convert(self, key: str, path: str, size: int) -> formats.Converted | None:
         """A file's converted value (:func:`rlm.context.formats.convert`), or None when it
@@ -435,13 +304,17 @@ def _refuse_nothing_loaded(b: _Builder, origin: str, ignored: dict | None) -> No
     if b.writer.path:
         os.unlink(b.writer.path)
     skipped = b.skipped
+    unread = sorted(b.unread)
+    not_read = (f"{len(unread)} not read: " + ", ".join(f"{k} ({r})" for k, r in unread[:5])
+                + (" ..." if len(unread) > 5 else "")) if unread else ""
     if not skipped:
-        extra = _ignored_text(ignored or {})
+        extra = "; ".join(x for x in (not_read, _ignored_text(ignored or {})) if x)
         raise ContextError(f"context {origin}: no files to read there" +
                            (f" ({extra})" if extra else "") + "; give a directory with text files")
     shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
     raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
-                       f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}")
+                       f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}"
+                       + (f"; {not_read}" if not_read else ""))
 
 
 def _write_manifest(b: _Builder, scratch_dir: str | None) -> str:

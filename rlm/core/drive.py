@@ -217,7 +217,8 @@ def _result(run: RunTree, end: _RunEnd, recorded: Replay | None, t0: float) -> R
                   reason=end.reason, cap=end.cap, stages=run.tree.counts_by_kind(),
                   max_level=run.tree.max_level(), kernels_started=run.kernels_started,
                   seconds=time.monotonic() - t0,
-                  replayed_calls=recorded.served if recorded else 0, tree=run.tree)
+                  replayed_calls=recorded.served if recorded else 0, tree=run.tree,
+                  sandbox=run.sandbox_mode)
 
 
 def _usage(run: RunTree) -> dict:

@@ -218,7 +218,7 @@ class RLMLoop:
         # (a many-file context: of the files that user may not read)
         path = self.context.share(kernel)
         stamp = self.context.stamp  # the user's own file, read in place: its size then
-        code = bind_code(run.bridge.path, self.reg.token, path, self.context.fmt,
+        code = bind_code(kernel.share_socket(run.bridge.path), self.reg.token, path, self.context.fmt,
                          stamp[0] if stamp else None)
         res, _ = kernel.execute(code, timeout=120)
         if res.error and res.error.startswith("ContextChanged:"):

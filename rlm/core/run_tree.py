@@ -45,6 +45,7 @@ from kernels.pool import KernelPool, pool_size_for, take_head_start
 
 from rlm.models.base import Completion, ModelClient, make_client
 from rlm.errors import EndpointError, RLMError
+from rlm.config.ahead import sandbox_of
 from rlm.config.options import Options
 from rlm.core.hooks import RunHooks
 from rlm.models.tokens import count_messages
@@ -120,7 +121,10 @@ class RunTree:
         pool_size = pool_size_for(options.budget.max_depth, options.pool_size)
         # the kernel a caller started ahead of the run (kernels.pool.head_start), if any: the
         # root takes it, so its cold start overlaps the host's set-up
-        self.pool = KernelPool(pool_size, head=take_head_start() if adopt_head else None)
+        self.sandbox = sandbox_of(vars(options))
+        self.sandbox_modes: set[str] = set()  # how the kernels it took ran
+        self.pool = KernelPool(pool_size, head=take_head_start(self.sandbox) if adopt_head else None,
+                               sandbox=self.sandbox)
         self.bridge = BridgeServer(self._handle)
         # children run in max_concurrency slots; plain items on as many threads
         self.scheduler = Scheduler(slots=options.budget.max_concurrency,
@@ -402,10 +406,20 @@ class RunTree:
             KernelError: no kernel could be started.
         """
         try:
-            return self.pool.acquire()
+            kernel = self.pool.acquire()
         except RuntimeError as exc:  # could not start (the message says why)
             from rlm.errors import KernelError
             raise KernelError(str(exc)) from None
+        self.sandbox_modes.add(kernel.sandbox_mode)
+        return kernel
+
+    @property
+    def sandbox_mode(self) -> str | None:
+        """How this run's kernels ran: ``"bwrap"``, ``"none"``, ``"mixed"``, or None (none
+        started yet)."""
+        if not self.sandbox_modes:
+            return None
+        return next(iter(self.sandbox_modes)) if len(self.sandbox_modes) == 1 else "mixed"
 
     def spawn(self, fn: Callable[[], Any]) -> Task:
         """Run ``fn()`` now on a daemon thread of its own (a kernel start overlapping the first

@@ -34,7 +34,7 @@ import atexit
 import os
 from typing import Any, Iterator
 
-from rlm.errors import ConfigError, RLMError
+from rlm.errors import ConfigError, RLMError, install_hint
 from rlm.evaluation.trial import TrialSpec, run_trial, trial_record
 
 #: Ray retries of a trial whose worker process died (the retry resumes from the journal).
@@ -69,7 +69,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--ray needs Ray: pip install 'rlm-kernels[ray]'") from None
+        raise ConfigError(f"--ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from rlm.errors import ConfigError
+from rlm.errors import ConfigError, install_hint
 from rlm.evaluation.labels import format_length, series_label, series_order
 from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
 
@@ -185,7 +185,7 @@ def _write_plots(out_dir: Path, rows: list[dict]) -> dict[str, Path]:
         from rlm.evaluation import plots
     except ImportError as exc:
         raise ConfigError(f"the report's plots need matplotlib ({exc}); "
-                          "pip install 'rlm-kernels[eval]'") from None
+                          f"{install_hint('eval')}") from None
     return plots.write_plots(out_dir, rows)
 
 

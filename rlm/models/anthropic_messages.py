@@ -28,7 +28,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlm.errors import ConfigError, EndpointError, ModelReplyError
+from rlm.errors import ConfigError, EndpointError, ModelReplyError, install_hint
 from rlm.models.base import Completion, short
 from rlm.models.transport import (SDKClient, call_id_header, http_status_error, http_timeout,
                                   plain_http_client, post_json, unreachable_error)
@@ -48,7 +48,7 @@ _HINTS = {401: "check --api-key / ANTHROPIC_API_KEY", 403: "check the key's perm
 #: Usage fields counted as prompt tokens: the uncached input and what was read from or
 #: written to the prompt cache (each billed as input).
 _INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-INSTALL = "pip install 'rlm-kernels[anthropic]'"
+INSTALL = install_hint("anthropic")
 
 
 def _anthropic():
@@ -232,7 +232,7 @@ class AnthropicMessagesClient(SDKClient):
             err = map_error(exc, self.base_url, len(attempts))
             if err is exc:
                 raise
-            raise err from None
+            raise self._redacted(err) from None
         comp = parse_reply(body, model=model, base_url=self.base_url, messages=messages,
                            usage=self._usage)
         comp.attempts, comp.seconds = attempts, time.monotonic() - t0

@@ -304,7 +304,7 @@ class OpenAICompatClient(SDKClient):
                     err = map_error(exc, self.base_url, len(attempts))
                     if err is exc:
                         raise
-                    raise err from None
+                    raise self._redacted(err) from None
                 attempts[-1]["adapted"] = change
                 adapted.append(change)
                 log.warning("model %s rejected a request parameter (%s); retrying once with "

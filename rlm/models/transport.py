@@ -138,6 +138,14 @@ class SDKClient:
         self._backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
 
     # what a provider says ---------------------------------------------------------------
+    def _redacted(self, err: BaseException) -> BaseException:
+        """``err`` with this client's API key taken out of its message: an upstream may echo
+        the key it was sent, and the message reaches journals, terminals and kernels."""
+        key = self._api_key
+        if key and key != "EMPTY" and len(key) >= 8 and key in str(err):
+            return type(err)(str(err).replace(key, "[redacted]"))
+        return err
+
     def _sdk(self) -> Any:
         """The provider's SDK module, imported on first use (``import openai`` takes ~0.4 s
         here, and the first model call overlaps it with the kernel's start-up)."""

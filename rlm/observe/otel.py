@@ -24,7 +24,7 @@ import os
 import threading
 from typing import Any, Iterable, Mapping
 
-from rlm.errors import ConfigError
+from rlm.errors import ConfigError, install_hint
 
 __all__ = ["stage_ids", "LiveExporter", "export_run", "emit_stages"]
 
@@ -39,7 +39,7 @@ def _require():
             OTLPSpanExporter)
     except ImportError:
         raise ConfigError("OpenTelemetry export needs the SDK and the OTLP/HTTP exporter: "
-                          "pip install 'rlm-kernels[otel]'") from None
+                          f"{install_hint('otel')}") from None
 
 
 def stage_ids(run_id: str, stage_id: str | None) -> tuple[int, int]:

@@ -124,11 +124,13 @@ def test_argparse_accepts_every_flag_of_every_command():
     for command in commands:
         takes = [o for o in OPTIONS if o.flag and command in o.commands]
         argv = _argv(command)
-        for o in takes:
-            argv += [o.flag, _sample(o)] + ([o.flag, _sample(o) + "2"] if o.repeat else [])
+        for o in takes:  # a bool option is a flag without a value
+            argv += ([o.flag] if o.type is bool else [o.flag, _sample(o)]) + \
+                ([o.flag, _sample(o) + "2"] if o.repeat else [])
         args = parser.parse_args(argv)
         got = options_from_args(args, command)
-        want = {o.name: (o.type(_sample(o)) if o.type in (int, float) else _sample(o))
+        want = {o.name: (True if o.type is bool else
+                         o.type(_sample(o)) if o.type in (int, float) else _sample(o))
                 for o in takes}
         # a repeatable flag (--include, --exclude) gives the list of its values
         want.update({o.name: [_sample(o), _sample(o) + "2"] for o in takes if o.repeat})
@@ -297,6 +299,8 @@ def test_build_options_defaults_and_embedded_defaults():
 
 def _given(o):
     """A valid non-default value for option ``o``."""
+    if o.type is bool:
+        return not o.default
     if o.choices:
         return [c for c in o.choices if c != o.default][0]
     if o.type is int:

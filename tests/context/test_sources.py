@@ -358,11 +358,11 @@ def test_single_files_by_format(tmp_path, repo):
 
 def test_pdf_without_the_extra(monkeypatch, repo):
     monkeypatch.setitem(sys.modules, "pypdf", None)  # import pypdf -> ImportError
-    with pytest.raises(rlm.ContextError, match=r"rlm-kernels\[pdf\]"):
+    with pytest.raises(rlm.ContextError, match=r"pip install .*\[pdf\]'"):
         load_context(repo / "docs" / "report.pdf")
     ctx = load_context(repo / "docs")  # in a directory: skipped and listed, with the hint
     try:
-        assert "rlm-kernels[pdf]" in describe(ctx)["listing"]
+        assert "[pdf]'" in describe(ctx)["listing"]
         assert [s["path"] for s in describe(ctx)["skipped"]] == ["report.pdf"]
     finally:
         ctx.discard()

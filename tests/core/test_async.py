@@ -79,8 +79,9 @@ def test_cancelling_a_run_stops_it_and_the_run_id_resumes(scripted, tmp_path):
 
     srv = scripted(responder)
     journal = tmp_path / "j.sqlite3"
+    # sandbox="none": the cell signals through a host directory, which a sandbox would hide
     o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=str(journal),
-             run_id="cancel-me")
+             run_id="cancel-me", sandbox="none")
 
     async def cancel_mid_cell():
         task = asyncio.create_task(rlm.acompletion("ctx", "q?", **o))

