@@ -15,7 +15,6 @@ import webbrowser
 from pathlib import Path
 from typing import Iterator
 
-from rlm.errors import install_hint
 
 __all__ = ["extend_parser", "handler_for", "run_hooks"]
 
@@ -52,7 +51,7 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
         p.add_argument("--otel", action="store_true",
                        help="export every stage as an OpenTelemetry span over OTLP/HTTP "
                        "(env RLM_OTEL=1; endpoint and headers from OTEL_EXPORTER_OTLP_*; "
-                       f"needs `{install_hint('otel')}`)")
+                       "needs the otel extra: `pip install -e '.[otel]'` in the checkout)")
         p.add_argument("--plain", action="store_true",
                        help="plain progress lines even on a terminal (no live view)")
     parsers["replay"].add_argument("--view", metavar="FILE.html",

@@ -99,6 +99,12 @@ def test_browser_shows_stages_answer_every_cell_and_the_failed_child(recorded, p
         f"{len(stages)} stages"
     assert browser.eval("document.getElementById('answer').textContent") == tr.ANSWER
     assert browser.eval("document.getElementById('query').textContent") == tr.QUERY
+    # how the kernels ran (docs/security.md): from the run record
+    sandbox = recorded[2].sandbox  # the run's result, as the journal records it
+    assert sandbox in ("bwrap", "none")
+    stats = browser.eval("[...document.querySelectorAll('.stat')].map(e => e.textContent)")
+    assert any(t.startswith("kernels started (sandbox)") and f"({sandbox})" in t
+               for t in stats), stats
 
     # the tree is lazy: collapsed subtrees are not in the DOM until opened
     rows = browser.eval("document.querySelectorAll('#tree .row').length")
