@@ -116,20 +116,8 @@ def sweep_stale_dirs() -> int:
     """Remove the socket directories (``rlm-bridge-PID-*`` in the temporary directory) that
     hosts killed before they could close their bridge left behind: the ones of this user whose
     process ``PID`` no longer exists. Returns how many were removed; never raises."""
-    import glob
-    removed = 0
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), "rlm-bridge-*-*")):
-        try:
-            pid = int(os.path.basename(d).split("-")[2])
-            if pid == os.getpid() or os.stat(d).st_uid != os.getuid():
-                continue
-            os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-            removed += 1
-        except (ValueError, IndexError, OSError):
-            continue  # not ours, or its host is alive (PermissionError: another user's)
-    return removed
+    from kernels.process import remove_dirs_of_gone_hosts
+    return remove_dirs_of_gone_hosts("rlm-bridge-", {os.getuid()})
 
 
 class BridgeServer:

@@ -169,22 +169,29 @@ def sweep_stale_kernel_dirs() -> int:
     """Once per process: remove the kernel directories (``rlm-k-PID-*`` in the temporary
     directory) of this user's hosts that are gone (process ``PID`` no longer exists): what a
     host killed in the middle of a shutdown left behind. Returns how many; never raises."""
-    import glob
     if _swept == [os.getpid()]:
         return 0
     _swept[:] = [os.getpid()]
+    return remove_dirs_of_gone_hosts("rlm-k-", {os.getuid(), _kernel_uid()})
+
+
+def remove_dirs_of_gone_hosts(prefix: str, owners: set[int]) -> int:
+    """Remove the directories ``PREFIX<PID>-*`` in the temporary directory owned by one of
+    ``owners`` (uids) whose host process ``PID`` no longer exists; returns how many. Another
+    user's, or one whose host is alive, is left alone. Never raises."""
+    import glob
     removed = 0
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), "rlm-k-*-*")):
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
         try:
-            pid = int(os.path.basename(d).split("-")[2])
-            if pid == os.getpid() or os.stat(d).st_uid not in (os.getuid(), _kernel_uid()):
+            pid = int(os.path.basename(d)[len(prefix):].split("-")[0])
+            if pid == os.getpid() or os.stat(d).st_uid not in owners:
                 continue
             os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
         except ProcessLookupError:
             shutil.rmtree(d, ignore_errors=True)
             removed += 1
         except (ValueError, IndexError, OSError):
-            continue
+            continue  # not ours, or its host is alive (PermissionError: another user's)
     return removed
 
 
