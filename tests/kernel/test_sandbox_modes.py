@@ -56,3 +56,21 @@ def test_the_default_sandboxes_and_none_does_not(cli, scripted, tmp_path):
     plain = _run(cli, srv, tmp_path, "--sandbox", "none")
     out = json.loads(plain.stdout)
     assert out["sandbox"] == "none" and int(out["answer"]) > 10  # the machine's processes
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox: {sandbox_problem()}")
+def test_kernel_network_keeps_the_hosts_network_in_the_sandbox(cli, scripted, tmp_path):
+    """``--kernel-network``: still sandboxed (its own PID namespace), but the cell reaches a
+    server on the host's loopback, which without the flag it cannot."""
+    def probe(port: int) -> str:
+        return repl("import os, socket",
+                    "try:\n    socket.create_connection(('127.0.0.1', %d), timeout=2).close()\n"
+                    "    reached = 'yes'\nexcept OSError:\n    reached = 'no'" % port,
+                    "FINAL(reached + ' ' + str(len([p for p in os.listdir('/proc') "
+                    "if p.isdigit()])))")
+    srv = scripted(lambda req: probe(int(srv.base_url.rsplit(":", 1)[1].split("/")[0])))
+    with_net = json.loads(_run(cli, srv, tmp_path, "--kernel-network").stdout)
+    reached, pids = with_net["answer"].split()
+    assert (with_net["sandbox"], reached) == ("bwrap", "yes") and int(pids) < 10
+    without = json.loads(_run(cli, srv, tmp_path).stdout)
+    assert without["answer"].split()[0] == "no"
