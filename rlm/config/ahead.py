@@ -23,7 +23,7 @@ def sandbox_of(options: Mapping[str, Any]):
     """The :class:`kernels.bwrap.SandboxSpec` of a run with these options (``sandbox``,
     ``kernel_network``, ``kernel_memory_mb``, ``kernel_processes``, ``kernel_disk_mb``); a
     value of the wrong type counts as its default (the run's own validation reports it)."""
-    from kernels.bwrap import SandboxSpec
+    from kernels.bwrap import MODES, SandboxSpec
     base = SandboxSpec()
 
     def pick(name: str, default: Any, kind: type) -> Any:
@@ -32,7 +32,7 @@ def sandbox_of(options: Mapping[str, Any]):
         return value if ok else default
     mode = options.get("sandbox")
     disk = pick("kernel_disk_mb", base.disk_mb, int)
-    return SandboxSpec(mode=mode if mode in ("auto", "required", "none") else None,
+    return SandboxSpec(mode=mode if mode in MODES else None,
                        network=pick("kernel_network", base.network, bool),
                        memory_mb=pick("kernel_memory_mb", base.memory_mb, int),
                        processes=pick("kernel_processes", base.processes, int),

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["_http_url", "_not_blank", "_run_id", "_price_file", "_prompt", "_patterns"]
+__all__ = ["http_url", "run_id", "price_file", "prompt_profile", "patterns"]
 
 
-def _http_url(v: Any) -> str | None:
+def http_url(v: Any) -> str | None:
     """None for an http(s) URL the client can send to (a host, a valid port and address), else
     what is wrong with it (RFC 3986 syntax through ``urllib.parse``; dotted numbers must be an
     IPv4 address)."""
@@ -52,11 +52,7 @@ def _masked_url(v: str) -> str:
     return re.sub(r"\?.*$", "?***", v)
 
 
-def _not_blank(v: Any) -> str | None:
-    return None if str(v).strip() else "must not be empty"
-
-
-def _run_id(v: Any) -> str | None:
+def run_id(v: Any) -> str | None:
     if not isinstance(v, str):
         return f"must be a string, got {type(v).__name__} {v!r}"
     if not v.strip():
@@ -66,7 +62,7 @@ def _run_id(v: Any) -> str | None:
     return None
 
 
-def _price_file(v: Any) -> str | None:
+def price_file(v: Any) -> str | None:
     if not isinstance(v, (str, os.PathLike)):
         return f"must be a path, got {type(v).__name__} {v!r}"
     if not str(v).strip():
@@ -74,7 +70,7 @@ def _price_file(v: Any) -> str | None:
     return None
 
 
-def _prompt(v: Any) -> str | None:
+def prompt_profile(v: Any) -> str | None:
     from rlm.prompting.prompts import PROFILES
     if v in PROFILES or Path(str(v)).expanduser().is_file():
         return None
@@ -82,7 +78,7 @@ def _prompt(v: Any) -> str | None:
             f"{str(v)!r} is neither (no such file)")
 
 
-def _patterns(v: Any) -> str | None:
+def patterns(v: Any) -> str | None:
     if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
         return None
     return f"must be a glob pattern or a list of them, got {v!r}"

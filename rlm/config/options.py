@@ -28,16 +28,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
+from kernels.bwrap import MODES as SANDBOX_MODES
 
 from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
                                  external_endpoint)
-from rlm.config.checks import (_http_url, _not_blank, _patterns, _price_file, _prompt,  # noqa: F401
-                               _run_id)
+from rlm.config.checks import http_url, patterns, price_file, prompt_profile, run_id
 from rlm.errors import ConfigError
 from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS, provider_env
 from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
@@ -242,13 +241,13 @@ OPTIONS: tuple[Option, ...] = (
            doc="text encoding of the context files; by default UTF-8, else detected "
                "(`charset-normalizer`) and noted for the model; a given one is strict"),
     Option("include", "--include", object, metavar="PATTERN", commands=(RUN,), repeat=True,
-           check=_patterns,
+           check=patterns,
            help="with a directory/glob: load only paths matching this gitignore-style pattern "
                 "('*.py', 'docs/'); repeatable",
            doc="load only paths matching a gitignore-style pattern (`'*.py'`, `'docs/'`); "
                "repeatable (a list in Python)", doc_default="all files"),
     Option("exclude", "--exclude", object, metavar="PATTERN", commands=(RUN,), repeat=True,
-           check=_patterns,
+           check=patterns,
            help="with a directory/glob: leave out paths matching this pattern; repeatable",
            doc="leave out paths matching the pattern; repeatable"),
     Option("max_context_bytes", "--max-context-bytes", int, min=1, max=2**40, metavar="N",
@@ -266,7 +265,7 @@ OPTIONS: tuple[Option, ...] = (
            help="the endpoint's API (default openai; anthropic reads ANTHROPIC_BASE_URL/_API_KEY)",
            doc="`openai` (chat completions) or `anthropic` (Messages; env `ANTHROPIC_*`)"),
     Option("base_url", "--base-url", metavar="URL", group=ENDPOINT, commands=_RUN_RESUME,
-           stored=True, check=_http_url,
+           stored=True, check=http_url,
            help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (env OPENAI_BASE_URL)",
            doc="OpenAI-compatible endpoint (env `OPENAI_BASE_URL`)", doc_default="embedded server"),
     Option("api_key", "--api-key", metavar="KEY", group=ENDPOINT, commands=_RUN_RESUME,
@@ -341,7 +340,7 @@ OPTIONS: tuple[Option, ...] = (
            commands=(RUN,),
            help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
            doc="idle pre-started kernels for children", doc_default="0 / 2"),
-    Option("sandbox", "--sandbox", choices=("auto", "required", "none"), metavar="MODE",
+    Option("sandbox", "--sandbox", choices=SANDBOX_MODES, metavar="MODE",
            group=SANDBOX, commands=_RUN_RESUME, stored=True,
            help="kernel sandbox: auto (default: bubblewrap where it works, else a warning), "
                 "required (refuse to start a kernel without it, exit 4) or none "
@@ -366,14 +365,14 @@ OPTIONS: tuple[Option, ...] = (
                 "(default 1024)",
            doc="private `/tmp` and home of a sandboxed kernel, and its largest file (MiB)"),
     Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
-           stored=True, check=_price_file,
+           stored=True, check=price_file,
            help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
                 "recorded with the run, so resume reads it again (give it to resume if it moved)",
            doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`; its absolute path is '
                "recorded, and resume reads it again", doc_default="built-in"),
     # -- which run, where it is recorded -----------------------------------------------------
     Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
-           check=_run_id,
+           check=run_id,
            help="name the run; an id that finished returns the recorded result, a crashed or "
                 "failed one is resumed",
            doc="a finished id returns the recorded result; a crashed or failed one resumes",
@@ -399,7 +398,7 @@ OPTIONS: tuple[Option, ...] = (
            stored=True, doc="prompt size the system prompt tells the model to keep `llm_query` "
                             "under (characters)"),
     Option("prompt", "--prompt", str, "general", embedded_default="small",
-           metavar="PROFILE", commands=(RUN,), stored=True, check=_prompt,
+           metavar="PROFILE", commands=(RUN,), stored=True, check=prompt_profile,
            help="system prompt profile: 'small' (a worked lookup program small models copy; "
                 "default on the embedded model), 'general' (a way of working for capable "
                 "hosted models; the default with an endpoint), or a template file's path",
@@ -510,7 +509,7 @@ def validate_options(o: Mapping[str, Any]) -> None:
     spec = provider_env(o.get("provider"))
     env_url = os.environ.get(spec.url_env)
     if not o.get("base_url") and env_url:
-        problem = _http_url(env_url)
+        problem = http_url(env_url)
         if problem:
             raise ConfigError(f"{spec.url_env} {problem}")
     if o.get("model") and not endpoint_configured(o):
