@@ -42,6 +42,7 @@ class Reply:
     stop_reason: str | None = "end_turn"
     thinking: str | None = None
     error_type: str | None = None
+    body: dict | None = None  # a whole JSON body sent as it is (a 200 carrying an error)
 
 
 def user_text(req: dict) -> str:
@@ -118,6 +119,9 @@ class AnthropicServer:
                     rep = Reply(text=rep)
                 if rep.delay:
                     time.sleep(rep.delay)
+                if rep.body is not None:
+                    self._send(rep.status, rep.body, rep.headers)
+                    return
                 if rep.status != 200:
                     self._error(rep.status, rep.text or "scripted error", rep.headers,
                                 rep.error_type)

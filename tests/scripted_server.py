@@ -45,6 +45,8 @@ class Reply:
     finish_reason: str | None = "stop"
     message: dict = field(default_factory=dict)
     error: dict = field(default_factory=dict)
+    # a whole JSON body sent as it is with ``status`` (a 200 carrying an error object)
+    body: dict | None = None
 
 
 def last_user(req: dict) -> str:
@@ -130,6 +132,9 @@ class ScriptedServer:
                     self.close_connection = True
                     return
                 self._trickle = rep.trickle
+                if rep.body is not None:
+                    self._send(rep.status, json.dumps(rep.body).encode(), rep.headers)
+                    return
                 if rep.status != 200:
                     err = {"message": rep.content or "scripted error", "type": "scripted",
                            "code": rep.status}

@@ -298,7 +298,24 @@ def parse_jsonl(text: str, source: str) -> list:
         except json.JSONDecodeError as exc:
             raise ContextError(f"context {source} is not valid JSON Lines (line {i}, column "
                                f"{exc.colno}: {exc.msg})") from None
+        except (RecursionError, ValueError) as exc:
+            raise unparsable(source, f"JSON Lines (line {i})", exc) from None
     return out
+
+
+def unparsable(source: str, what: str, exc: BaseException) -> ContextError:
+    """The error for a file its format's parser gave up on for a reason of its own, not a
+    syntax error it locates: nesting past the recursion limit, an integer of more digits than
+    Python converts, a CSV field past the ``csv`` module's 131,072-character limit. Says what
+    to do: read the file as text (rename it to ``.txt``), or fix it."""
+    if isinstance(exc, RecursionError):
+        why = "it is nested too deeply"
+    else:
+        why = " ".join(str(exc).split(";")[0].split()) or type(exc).__name__
+    err = ContextError(f"context {source} could not be read as {what} ({why}); rename it to "
+                       ".txt to give it as text, or fix the file")
+    err.note = why  # type: ignore[attr-defined] - what a directory's listing says of it
+    return err
 
 
 def parse_csv(text: str, delimiter: str) -> list[dict]:
@@ -326,6 +343,8 @@ def parse_json(text: str, source: str) -> Any:
     except json.JSONDecodeError as exc:
         raise ContextError(f"context {source} is not valid JSON (line {exc.lineno}, "
                            f"column {exc.colno}: {exc.msg})") from None
+    except (RecursionError, ValueError) as exc:  # nesting or an integer past Python's limits
+        raise unparsable(source, "JSON", exc) from None
     if not isinstance(value, (str, list, dict)):
         kind = _JSON_SCALARS.get(type(value), type(value).__name__)
         raise ContextError(f"context {source} holds a JSON {kind}; a JSON context must be a "
@@ -547,13 +566,19 @@ def _convert_text(fmt: Format, text: str, source: str, suf: str, detected: str |
     if fmt is TEXT:
         return Converted(text, "text", detected, notes)
     try:
-        value = fmt.convert(text, source, suf)
+        try:
+            value = fmt.convert(text, source, suf)
+        except (Unreadable, ContextError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the parser's own limit on untrusted bytes
+            raise unparsable(source, fmt.name, exc) from None
     except Unreadable:
         raise
     except ContextError as exc:
         if not lenient:
             raise
-        notes.append(f"kept as text: {str(exc).split('(', 1)[-1].rstrip(')')}")
+        why = getattr(exc, "note", None) or str(exc).split('(', 1)[-1].rstrip(')')
+        notes.append(f"kept as text: {why}")
         return Converted(text, "text", detected, notes)
     if fmt.kind == "text":
         notes = notes + [f"{fmt.name} shown as text"]

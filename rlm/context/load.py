@@ -261,9 +261,12 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
             raise ContextError(f"context is an empty {type(source).__name__}; give the data to work on")
         try:  # before clean(): a circular value is refused here, not by a RecursionError
             blob = json.dumps(source, ensure_ascii=False)
+            cleaned = clean(source)
         except (TypeError, ValueError) as exc:
             raise ContextError(f"context must be JSON-like (str, list, dict): {exc}") from None
-        cleaned = clean(source)
+        except RecursionError:
+            raise ContextError("context is nested too deeply to hand to a kernel; flatten "
+                               "it, or give it as text") from None
         return _write(cleaned, "json", "<value>", scratch_dir, blob if cleaned is source else None)
     if isinstance(source, bytes):
         reading.check_bytes(source, "<bytes>")
@@ -342,7 +345,10 @@ def _load_json(read: reading.Read, encoding: str | None, scratch_dir: str | None
     if not value or (isinstance(value, str) and reading.blank(value)):
         raise ContextError(f"context {read.source} is an empty JSON {type(value).__name__}; "
                            "give the data to work on")
-    cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
+    try:
+        cleaned = clean(value)  # "\ud83d" escapes decode to lone surrogates
+    except RecursionError:  # json's own limit is a little deeper than clean()'s
+        raise formats.unparsable(read.source, "JSON", RecursionError()) from None
     if isinstance(cleaned, str):
         return _write_text(cleaned, read.source, scratch_dir)
     if read.regular and not read.comp and cleaned is value and detected is None \

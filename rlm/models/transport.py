@@ -19,6 +19,7 @@ from urllib.parse import quote
 from tenacity import wait_random_exponential
 
 from rlm.errors import EndpointError
+from rlm.models.error_body import ErrorInReply, error_in_reply
 from rlm.models.retry import deadline_error, recorded_attempt, retry_policy
 from rlm.models.usage import UsageCounter
 
@@ -234,13 +235,20 @@ class SDKClient:
         def send(t: float | None):
             # the attempt's timeout as a request option: ``with_options`` would copy the
             # whole client (and its resource objects) on every attempt
-            return self._create(self._client, kwargs if t is None else
+            body = self._create(self._client, kwargs if t is None else
                                 dict(kwargs, timeout=http_timeout(self._sdk(), t)), deadline)
+            failed = error_in_reply(body)  # a 200 that says it failed is that failure
+            if failed is not None:
+                raise failed
+            return body
+
+        def transient(exc: BaseException) -> bool:
+            return exc.transient if isinstance(exc, ErrorInReply) else self._transient(exc)
         once = recorded_attempt(send, attempts, label=self.base_url,
-                                max_attempts=self.max_attempts, transient=self._transient,
+                                max_attempts=self.max_attempts, transient=transient,
                                 timeout_error=self._timeout_error, timeout=timeout,
                                 deadline=deadline, cancel=cancel)
-        policy = retry_policy(self.max_attempts, self._transient, backoff=self._backoff,
+        policy = retry_policy(self.max_attempts, transient, backoff=self._backoff,
                               deadline=deadline, cancel=cancel)
         try:
             return policy.call(once)
@@ -248,4 +256,6 @@ class SDKClient:
             late = deadline_error(exc, policy, deadline, self.base_url, attempts)
             if late is not None:
                 raise late from None
+            if isinstance(exc, ErrorInReply):
+                raise self._redacted(exc.endpoint_error(self.base_url, len(attempts))) from None
             raise
