@@ -26,6 +26,7 @@ limit (``cut=True``): then it was cut mid-way and never runs.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -56,10 +57,6 @@ _FINAL_CHANNEL = re.compile(r"<\|start\|>assistant|<\|channel\|>\s*final\s*<\|me
                             r"<\|(?:return|end)\|>", re.IGNORECASE)
 
 _OPENER = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
-# an opener after other text on its line ("Here it is: ```repl"): not CommonMark, but models
-# write it, and the old parser ran it; only for code languages, only with backticks
-_INLINE_OPENER = re.compile(r"^(?P<pre>.*?\S.*?)(?P<fence>`{3,})[ \t]*(?P<lang>[A-Za-z0-9]+)"
-                            r"[ \t]*$")
 _PROSE_FINAL = re.compile(r"\bFINAL(?:_VAR)?\s*\(", re.DOTALL)
 
 
@@ -145,6 +142,7 @@ def split_reasoning(reply: str) -> tuple[str, list[str]]:
                 reasoning.append(reply[:m.start()].strip())
             start = m.end()
     out: list[str] = []
+    look = _Lookahead(reply)
     lines = _lines(reply, start)
     i = 0
     while i < len(lines):
@@ -153,7 +151,7 @@ def split_reasoning(reply: str) -> tuple[str, list[str]]:
         op = _opener(reply, lines, i)
         m = _OPEN.search(line)
         if op is not None and not (op.pre and m is not None and m.start() < len(op.pre)):
-            j, used = _fence_end(reply, lines, i, op)
+            j, used = _fence_end(reply, lines, i, op, look=look)
             if not used:
                 out.append(reply[s:lines[j][0]])
                 i = j
@@ -178,12 +176,22 @@ def split_reasoning(reply: str) -> tuple[str, list[str]]:
             break
         reasoning.append(reply[body_start:c.start()].strip())
         # go on after the closing tag, as if it started a line
-        lines = _lines(reply, c.end())
-        i = 0
+        i = _resume_at(lines, i, c.end())
     text = "".join(out)
     if reasoning and _FINAL_CHANNEL.search(text):
         text = _FINAL_CHANNEL.sub("", text)
     return text.strip("\n") if reasoning else text, [r for r in reasoning if r]
+
+
+def _resume_at(lines: list[tuple[int, int]], i: int, pos: int) -> int:
+    """Index of the line holding ``pos`` (from ``lines[i]`` on), that line now starting at
+    ``pos``; ``len(lines)`` past the end. In place, so many tags on one long line cost a search
+    each, not a new split of the rest of the text (which made them quadratic)."""
+    k = bisect.bisect_right(lines, pos, lo=i, key=lambda ln: ln[0]) - 1
+    if pos >= lines[k][1]:
+        return k + 1  # the tag ends the text
+    lines[k] = (pos, lines[k][1])
+    return k
 
 
 def _lines(text: str, start: int) -> list[tuple[int, int]]:
@@ -224,10 +232,28 @@ def _opener(text: str, lines: list[tuple[int, int]], i: int) -> _Opener | None:
             if nxt and (nxt.group("info").strip().split() or [""])[0].lower() in CODE_LANGS:
                 return None
         return _Opener(len(m.group("indent")), fence[0], len(fence), lang)
-    m = _INLINE_OPENER.match(line)
-    if m is not None and m.group("lang").lower() in CODE_LANGS:
-        return _Opener(0, "`", len(m.group("fence")), m.group("lang").lower(), m.group("pre"))
-    return None
+    return _inline_opener(line)
+
+
+def _inline_opener(line: str) -> _Opener | None:
+    """An opener after other text on its line ("Here it is: ```repl"): not CommonMark, but
+    models write it; only for code languages, only with backticks. Read from the line's end
+    (a regex with two lazy groups here was quadratic in the line's length)."""
+    end = len(line.rstrip(" \t"))
+    k = end
+    while k > 0 and line[k - 1].isascii() and line[k - 1].isalnum():
+        k -= 1
+    lang = line[k:end].lower()
+    if lang not in CODE_LANGS:
+        return None
+    run_end = len(line[:k].rstrip(" \t"))
+    run = run_end
+    while run > 0 and line[run - 1] == "`":
+        run -= 1
+    pre = line[:run]
+    if run_end - run < 3 or not pre.strip():
+        return None
+    return _Opener(0, "`", run_end - run, lang, pre)
 
 
 def _is_closer(line: str, char: str, length: int) -> bool:
@@ -271,8 +297,18 @@ class _PyStrings:
             i += 1
 
 
+class _Lookahead:
+    """What one parse may still spend (characters) looking past a closing-fence line held in
+    an open string for the block's real end. Each such search can run to the end of the text,
+    so a reply of many such blocks would be quadratic; once this is spent, the first closing
+    line is taken, as if the string were not there."""
+
+    def __init__(self, text: str) -> None:
+        self.left = 2 * len(text) + 65536
+
+
 def _fence_end(text: str, lines: list[tuple[int, int]], i: int, op: _Opener,
-               cut: bool = False) -> tuple[int, bool]:
+               cut: bool = False, look: _Lookahead | None = None) -> tuple[int, bool]:
     """Where the fence opened at ``lines[i]`` ends: (index of its closing line, or
     ``len(lines)`` if none; whether that line is used up, False when it opens the next block).
 
@@ -285,6 +321,10 @@ def _fence_end(text: str, lines: list[tuple[int, int]], i: int, op: _Opener,
     first_closer = None
     for j in range(i + 1, len(lines)):
         line = text[lines[j][0]:lines[j][1]]
+        if first_closer is not None and look is not None:
+            look.left -= len(line)
+            if look.left < 0:
+                return first_closer, True
         if _is_closer(line, char, length):
             if strings is None or strings.open is None:
                 return j, True
@@ -312,6 +352,7 @@ def parse_reply(reply: str, *, cut: bool = False) -> ParsedReply:
     text, reasoning = split_reasoning(reply or "")
     blocks: list[Block] = []
     prose: list[str] = []
+    look = _Lookahead(text)
     lines = _lines(text, 0)
     i = 0
     while i < len(lines):
@@ -323,7 +364,7 @@ def parse_reply(reply: str, *, cut: bool = False) -> ParsedReply:
             continue
         if op.pre:
             prose.append(op.pre + "\n")
-        j, used = _fence_end(text, lines, i, op, cut)
+        j, used = _fence_end(text, lines, i, op, cut, look)
         body = [_dedent(text[a:b], op.indent) for a, b in lines[i + 1:j]]
         blocks.append(Block("".join(body).strip("\n"), op.lang, j < len(lines)))
         if j < len(lines) and used:

@@ -115,6 +115,14 @@ CELLS = {
 }
 
 
+_LONG_REPLIES = [
+    lambda r: "Thinking it over " + "word " * r.choice([40_000, 100_000]),  # one long line
+    lambda r: "text `` more ``` x " * r.choice([10_000, 30_000]),
+    lambda r: "<think>hm</think>said " * r.choice([10_000, 30_000]),
+    lambda r: "```python\ns = '''\n```\n" * r.choice([5_000, 20_000]),
+]
+
+
 def _reply(r: random.Random, marker: str) -> Reply | str:
     """One root reply: hostile cells in blocks, or prose, or a server fault."""
     kind = r.random()
@@ -144,6 +152,8 @@ def _reply(r: random.Random, marker: str) -> Reply | str:
         return Reply(text, message={"reasoning_content": repl("FINAL('reasoned-draft')")})
     elif shape < 0.52:  # an inner fence inside a string
         text = repl("s = '''", "```json", "{}", "```", "'''", "print(len(s))") + "\n" + text
+    elif shape < 0.60:  # replies whose parse was superlinear once (issue 26, kind 8)
+        text = r.choice(_LONG_REPLIES)(r) + "\n" + text
     return Reply(text, omit_usage=r.random() < 0.15)
 
 
@@ -161,6 +171,8 @@ def _sub_reply(r: random.Random, lock: threading.Lock):
             return Reply("cut sub answ", finish_reason="length")
         if x < 0.4:
             return "surrogate \ud800 sub answer"
+        if x < 0.43:  # a one-line sub-call reply of 20k+ characters
+            return "sub answer " + "x" * 40_000
         if x < 0.45:  # a child loop turn or a plain answer that is code
             return repl("FINAL('child answer')")
         return "sub answer"
