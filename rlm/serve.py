@@ -3,7 +3,7 @@
 Any OpenAI client (openai-python, LangChain, LlamaIndex, curl) can then use an RLM as a model.
 Starlette on uvicorn, installed with ``pip install 'rlm-kernels[serve]'``.
 
-``POST /v1/chat/completions``, the mapping:
+``POST /v1/chat/completions``, the mapping (:mod:`rlm.serve_request`):
 
 * the last ``user`` message is the query; the contents of every earlier ``system``/``developer``/
   ``user`` message, in order, form ``context`` (one string, or a list of strings when there are
@@ -11,25 +11,35 @@ Starlette on uvicorn, installed with ``pip install 'rlm-kernels[serve]'``.
   or JSON object) overrides that.
 * ``model``: ``rlm`` (the server's model) or ``rlm/<name>`` (``<name>`` on the server's endpoint).
 * run options (depth, caps...) from the body: the object ``rlm`` (any of :data:`REMOTE_OPTIONS`),
-  or the same names at the top level (OpenAI's own ``max_tokens`` there is ignored: it means
-  something else). Endpoint, journal and key options are the server's, never the request's.
+  or the same names at the top level, except ``max_tokens`` and ``max_completion_tokens``: at
+  the top level these are OpenAI's, and both cap the answer's length (tokens; a longer answer
+  is cut, ``finish_reason: "length"``). Endpoint, journal and key options are the server's.
+* a parameter the server cannot honour (``n`` > 1, ``tools``, ``tool_choice: "required"``,
+  ``top_p`` other than 1, ``stop``, ``seed``, ...) is a 400 naming it; so is a value out of
+  range, or a field the protocol does not have.
 * ``Idempotency-Key`` header -> the run id: a retried request returns the recorded result (or
-  resumes a crashed or cancelled run), never a second bill.
+  resumes a crashed or cancelled run), never a second bill. Without one, an SDK's retry of a
+  request (same client key and body, ``x-stainless-retry-count`` >= 1) is served by the run its
+  first attempt started, in this server process (:class:`rlm.serve_runs.Attempts`).
 * ``response_format``: ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` becomes the
   run's ``answer_schema`` (``json_object``: any JSON object); the answer is checked JSON text.
-* the response: ``id`` = the run id, ``usage`` = the whole tree's tokens, and an ``rlm`` object
-  (status, iterations, calls, cost, replayed calls, seconds).
+* the response: ``id`` = the run id, ``usage`` = the whole tree's tokens over every attempt of
+  the run, and an ``rlm`` object (status, iterations, calls, cost, replayed calls, seconds).
 * ``stream: true``: Server-Sent Events in the protocol's chunk format: the run's stage events
   as they happen (``delta: {}`` chunks with an ``rlm_event`` object), then the answer as content,
-  then a ``finish_reason: "stop"`` chunk with ``usage``, then ``data: [DONE]``. A client that
-  disconnects cancels the run (journaled ``cancelled``, resumable by its key).
+  then a ``finish_reason`` chunk with ``usage``, then ``data: [DONE]``.
+* a client that hangs up, streaming or not, cancels the run (journaled ``cancelled``,
+  resumable by its key or by the SDK's retry).
+* a body over ``--max-body-bytes`` is a 413 before it is read.
 
-Errors, in the protocol's shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad input
-(``invalid_request_error``), 401 missing or wrong key, 404 unknown model, 409 an idempotency key
-reused for another question or a run still active elsewhere, 429 every run slot busy (with
-``Retry-After``), 402 a cost/token/call cap stopped the run (``code`` names the cap; the partial
-answer is in ``error.partial_answer``), 504 the wall-clock cap, 502 the model endpoint failed,
-500 the run ended without an answer.
+Errors, on every route and method, in the protocol's shape ``{"error": {"message", "type",
+"param", "code"}}``: 400 bad input (``invalid_request_error``), 401 missing or wrong key, 404
+unknown model or route, 405 a method the route does not take, 409 an idempotency key reused for
+another question or a run still active elsewhere, 413 a body over the limit, 429 every run slot
+busy (with ``Retry-After``), 402 a cost/token/call cap stopped the run (``code`` names the cap; the
+partial answer is in ``error.partial_answer``), 504 the wall-clock cap, 502 the model endpoint
+failed, 500 the run ended without an answer. Every one says ``x-should-retry: false`` but 429
+and the 409 of a run still active (``true``), so the openai SDKs do not retry a run that ran.
 
 An upstream failure is told in words of the server's own: the upstream's HTTP status, a short
 reason, and the type and code of the upstream's error object when it sends them (e.g. ``the model
@@ -56,19 +66,13 @@ from typing import Any
 
 from rlm.aio import AsyncRLM, safe_listener
 from rlm.errors import ConfigError, install_hint
-from rlm.config.options import OPTION_NAMES, SERVE
+from rlm.config.options import SERVE
 from rlm.serve_errors import APIError, Redactor, _causes, _check_result, _error_of, _public
+from rlm.serve_request import (DEFAULT_MAX_BODY_BYTES, REMOTE_OPTIONS, ChatRequest, cap_answer,
+                               parse_request, read_body, read_json, request_options, run_id_of)
+from rlm.serve_runs import Attempts, LiveRuns, retry_count, run_info, until_disconnect, usage_of
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
-
-#: Run options a request may set (the rest are the server's: endpoint, journal, keys, files).
-REMOTE_OPTIONS = frozenset({
-    "max_iterations", "max_depth", "cell_timeout", "max_output_chars", "max_cost_usd",
-    "max_tokens", "max_calls", "max_wall_seconds", "max_children_per_call", "max_concurrency",
-    "max_completion_tokens", "sub_max_tokens", "sub_prompt_chars", "temperature",
-}) & OPTION_NAMES
-
-
 
 log = logging.getLogger("rlm.serve")
 
@@ -83,123 +87,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-# --------------------------------------------------------------------------- the mapping
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and p.get("type") in ("text", "input_text"))
-    if content is None:
-        return ""
-    raise APIError(400, "message content must be a string or a list of text parts",
-                   param="messages")
-
-
-def request_options(body: Any, server_model: str | None) -> tuple[Any, str, dict]:
-    """(context, query, run options) of one chat-completions request body.
-
-    Raises:
-        APIError: 400 for a malformed body, 404 for an unknown model.
-    """
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-        raise APIError(400, "'messages' must be a non-empty list of message objects",
-                       param="messages")
-    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
-    if last is None:
-        raise APIError(400, "'messages' holds no user message: the last one is the query",
-                       param="messages")
-    query = _text(msgs[last].get("content"))
-    pieces = [_text(m.get("content")) for m in msgs[:last]
-              if m.get("role") in ("system", "developer", "user")]
-    context: Any = pieces[0] if len(pieces) == 1 else pieces if pieces else query
-    if "context" in body:
-        context = body["context"]
-        if not isinstance(context, (str, list, dict)):
-            raise APIError(400, "'context' must be a string, a list or a JSON object",
-                           param="context")
-    opts: dict = {}
-    model = body.get("model")
-    if model not in (None, "rlm"):
-        if not isinstance(model, str) or not model.startswith("rlm/") or len(model) <= 4:
-            raise APIError(404, f"the model {model!r} does not exist: use 'rlm' or 'rlm/<model>'",
-                           code="model_not_found", param="model")
-        opts["model"] = model[4:]
-    extra = body.get("rlm") or {}
-    if not isinstance(extra, dict):
-        raise APIError(400, "'rlm' must be an object of run options", param="rlm")
-    unknown = set(extra) - REMOTE_OPTIONS
-    if unknown:
-        raise APIError(400, f"unknown or server-only run option(s): {', '.join(sorted(unknown))}; "
-                       f"allowed: {', '.join(sorted(REMOTE_OPTIONS))}", param="rlm")
-    opts.update({k: body[k] for k in REMOTE_OPTIONS - {"max_tokens"} if body.get(k) is not None})
-    opts.update({k: v for k, v in extra.items() if v is not None})
-    schema = _response_schema(body.get("response_format"))
-    if schema is not None:
-        opts["answer_schema"] = schema
-    return context, query, opts
-
-
-def _response_schema(rf: Any) -> dict | None:
-    if rf is None:
-        return None
-    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise APIError(400, "'response_format.type' must be 'text', 'json_object' or "
-                       "'json_schema'", param="response_format")
-    if rf["type"] == "text":
-        return None
-    if rf["type"] == "json_object":
-        return {"type": "object"}
-    js = rf.get("json_schema")
-    schema = js.get("schema") if isinstance(js, dict) else None
-    if not isinstance(schema, dict):
-        raise APIError(400, "'response_format.json_schema.schema' must be a JSON Schema object",
-                       param="response_format")
-    return schema
-
-
-def _run_id(key: str | None) -> str:
-    if key is None:
-        return "srv-" + uuid.uuid4().hex[:16]
-    # HTTP hands header values over as Latin-1; a client sends a non-ASCII key as UTF-8 bytes,
-    # which read back as the text it meant (else it stays as it came)
-    try:
-        key = key.encode("latin-1").decode("utf-8")
-    except (UnicodeEncodeError, UnicodeDecodeError):
-        pass
-    key = key.strip()
-    if not key or len(key) > 200 or not key.isprintable():
-        raise APIError(400, "Idempotency-Key must be 1 to 200 printable characters",
-                       param="Idempotency-Key")
-    return key
-
-
 # --------------------------------------------------------------------------- results
 
-def _usage(res: Any) -> dict:
-    u = res.usage or {}
-    return {"prompt_tokens": int(u.get("prompt_tokens", 0)),
-            "completion_tokens": int(u.get("completion_tokens", 0)),
-            "total_tokens": int(u.get("total_tokens", 0))}
-
-
-def _rlm_info(res: Any) -> dict:
-    u = res.usage or {}
-    return {"run_id": res.run_id, "status": res.status, "iterations": res.iterations,
-            "calls": u.get("calls", 0), "cost_usd": u.get("cost_usd", 0.0),
-            "replayed_calls": res.replayed_calls, "seconds": round(res.seconds, 3)}
-
-
-def _completion_body(res: Any, model: str) -> dict:
+def _completion_body(res: Any, model: str, cap: int | None = None) -> dict:
+    answer, finish = cap_answer(res.answer, cap)
     return {"id": res.run_id, "object": "chat.completion", "created": int(time.time()),
             "model": model, "system_fingerprint": None,
-            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                         "message": {"role": "assistant", "content": res.answer}}],
-            "usage": _usage(res), "rlm": _rlm_info(res)}
+            "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
+                         "message": {"role": "assistant", "content": answer}}],
+            "usage": usage_of(res), "rlm": run_info(res)}
 
 
 def _chunk(run_id: str, model: str, delta: dict, finish: str | None = None, **extra: Any) -> str:
@@ -234,7 +130,8 @@ class _Slots:
 
 
 def create_app(options: dict | None = None, *, api_key: str | None = None,
-               max_concurrent_runs: int = 4, model_name: str | None = None):
+               max_concurrent_runs: int = 4, model_name: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The Starlette app of ``rlm serve``.
 
     Args:
@@ -242,16 +139,43 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
         api_key: the key clients must send (``Authorization: Bearer KEY``), or None for none.
         max_concurrent_runs: runs at once; more get 429 with ``Retry-After``.
         model_name: the upstream model shown by ``/v1/models`` (default ``options["model"]``).
+        max_body_bytes: the largest request body (bytes); a larger one is a 413, unread.
     """
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    server = _Server(dict(options or {}), api_key, max_concurrent_runs, model_name)
+    server = _Server(dict(options or {}), api_key, max_concurrent_runs, model_name,
+                     max_body_bytes)
     app = Starlette(routes=[Route("/v1/models", server.models, methods=["GET"]),
-                            Route("/v1/chat/completions", server.chat, methods=["POST"]),
-                            Route("/{path:path}", server.not_found, methods=["GET", "POST"])])
+                            Route("/v1/chat/completions", server.chat, methods=["POST"])],
+                    exception_handlers={HTTPException: _http_error, Exception: _crash})
     app.state.runner = server.runner
     return app
+
+
+async def _http_error(request, exc):
+    """Starlette's own refusals (no such route, a method the route does not take) in the
+    protocol's error shape."""
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found",
+                       headers=headers)
+    elif exc.status_code == 405:
+        allowed = headers.get("Allow", "")
+        err = APIError(405, f"{request.method} is not allowed on {request.url.path}"
+                       + (f": use {allowed}" if allowed else ""), code="method_not_allowed",
+                       headers=headers)
+    else:
+        err = APIError(exc.status_code, str(exc.detail), headers=headers)
+    return _error_response(err)
+
+
+async def _crash(request, exc):
+    """An exception no route caught: a 500 in the protocol's shape (the detail in the log)."""
+    log.error("%s %s: internal error", request.method, request.url.path, exc_info=exc)
+    return _error_response(APIError(500, f"internal error: {type(exc).__name__}",
+                                    "server_error"))
 
 
 def _redactor(options: dict, api_key: str | None) -> Redactor:
@@ -274,27 +198,20 @@ def _error_response(err: APIError):
     return JSONResponse(err.body, status_code=err.status, headers=err.headers)
 
 
-def _read_json(raw: bytes) -> Any:
-    """The request body as JSON; an :class:`APIError` 400 when it is not (or nests too deep)."""
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:  # arrays or objects nested thousands deep
-        raise APIError(400, "the request body nests JSON arrays or objects too deeply "
-                       "to read") from None
-
-
 class _Server:
-    """The routes of one ``rlm serve`` app: its runner, run slots, client key and model name."""
+    """The routes of one ``rlm serve`` app: its runner, run slots, client key, model name, body
+    limit, and the runs its requests started (:class:`Attempts`, :class:`LiveRuns`)."""
 
     def __init__(self, options: dict, api_key: str | None, max_concurrent_runs: int,
-                 model_name: str | None) -> None:
+                 model_name: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.runner = AsyncRLM(**options)
+        self.options = options
         self.slots = _Slots(max(1, int(max_concurrent_runs)))
         self.api_key = api_key
         self.upstream = model_name or options.get("model")
         self.redactor = _redactor(options, api_key)
+        self.max_body_bytes = int(max_body_bytes)
+        self.attempts, self.live = Attempts(), LiveRuns()
         #: a retried request is told apart from a new one only through the journal
         self.journaled = options.get("journal") is not False
 
@@ -322,6 +239,52 @@ class _Server:
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                            "invalid_request_error", code="invalid_api_key")
 
+    def check_prices(self, req: ChatRequest) -> None:
+        """A request's cost cap needs a price for every model its run calls: refused (400)
+        before anything runs when the server has none."""
+        if req.options.get("max_cost_usd") is None:
+            return
+        try:
+            _check_prices_at_start({**self.options, **req.options})
+        except ConfigError:
+            field = req.fields.get("max_cost_usd", "max_cost_usd")
+            raise APIError(400, f"{field!r} needs a price for every model the run calls, and "
+                           "this server has none for its model: leave it out (and cap "
+                           "'rlm.max_tokens' or 'rlm.max_calls' instead), or ask the server's "
+                           "operator to add a price", param=field, code="unsupported_value") \
+                from None
+
+    async def run_id_for(self, request, raw: bytes) -> tuple[str, str | None]:
+        """(run id, fingerprint to record once its run starts, or None) of a request: its
+        ``Idempotency-Key``; else, for an SDK's retry, the run its first attempt started; else
+        a new id. A run of the same id this server is cancelling is waited for first.
+
+        Raises:
+            APIError: 400 a bad key or a key without a journal; 409 the run is still running
+            here for a client still connected (retryable), or a retry without a journal.
+        """
+        run_id = run_id_of(request.headers.get("idempotency-key"))
+        fingerprint = None
+        if run_id is not None and not self.journaled:
+            raise APIError(400, "this server keeps no journal (rlm serve --no-journal), so "
+                           "an Idempotency-Key cannot be honoured: send the request without "
+                           "one, or run the server with a journal", param="Idempotency-Key")
+        if run_id is None:
+            fingerprint = Attempts.fingerprint(request.headers.get("authorization"), raw)
+            if retry_count(request.headers) > 0:
+                run_id = self.attempts.run_of(fingerprint)
+            if run_id is not None and not self.journaled:
+                raise APIError(409, "this is a retry of a request whose run already started, "
+                               "and this server keeps no journal to return or resume that run "
+                               "from, so it is not run twice: send the request again as a new "
+                               "one", code="retry_not_joinable")
+            run_id = run_id or "srv-" + uuid.uuid4().hex[:16]
+        if not await self.live.settle(run_id, self.runner.grace + 5):
+            raise APIError(409, "this request's run is still running for an earlier request "
+                           "(a client still connected): retry once it has finished",
+                           code="run_active", retryable=True)
+        return run_id, fingerprint
+
     async def models(self, request):
         """``GET /v1/models``: ``rlm`` and ``rlm/<upstream model>``."""
         from starlette.responses import JSONResponse
@@ -337,39 +300,53 @@ class _Server:
 
     async def chat(self, request):
         """``POST /v1/chat/completions``: one RLM run (streamed when the body asks)."""
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
         try:
             self.authorize(request)
-            body = _read_json(await request.body())
-            context, query, opts = request_options(body, self.upstream)
-            key = request.headers.get("idempotency-key")
-            if key is not None and not self.journaled:
-                raise APIError(400, "this server keeps no journal (rlm serve --no-journal), so "
-                               "an Idempotency-Key cannot be honoured: send the request without "
-                               "one, or run the server with a journal", param="Idempotency-Key")
-            run_id = _run_id(key)
-            stream = bool(body.get("stream"))
+            raw = await read_body(request, self.max_body_bytes)
+            req = parse_request(read_json(raw))
+            self.check_prices(req)
+            run_id, fingerprint = await self.run_id_for(request, raw)
             if not self.slots.take():
                 raise APIError(429, f"all {self.slots.n} run slots are busy; retry later",
                                "rate_limit_error", code="rate_limit_exceeded",
-                               headers={"Retry-After": "1"})
+                               headers={"Retry-After": "1"}, retryable=True)
         except APIError as err:
             return _error_response(err)
-        model = str(body.get("model") or "rlm")
-        if stream:
-            return StreamingResponse(self.stream(context, query, opts, run_id, model),
-                                     media_type="text/event-stream",
+        if fingerprint is not None:  # a run starts: the request's retries are served by it
+            self.attempts.started(fingerprint, run_id)
+        if req.stream:
+            return StreamingResponse(self.stream(req, run_id), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            res = await self.runner.completion(context, query, run_id=run_id, **opts)
-            _check_result(res)
-            return JSONResponse(_completion_body(res, model))
-        except Exception as exc:  # noqa: BLE001 - every failure is an error response
-            return _error_response(self.error_of(exc, run_id))
+            return await self.answer(request, req, run_id)
         finally:
             self.slots.give()
 
-    async def stream(self, context, query, opts: dict, run_id: str, model: str):
+    async def answer(self, request, req: ChatRequest, run_id: str):
+        """The response of a run that is not streamed; a client that hangs up before it ends
+        cancels it (journaled ``cancelled``, resumable)."""
+        from starlette.responses import JSONResponse, Response
+        task = asyncio.ensure_future(self.runner.completion(req.context, req.query,
+                                                            run_id=run_id, **req.options))
+        self.live.add(run_id, task)
+        gone = asyncio.ensure_future(until_disconnect(request.receive))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():
+            log.info("run %s: the client went away; the run is cancelled (resumable)", run_id)
+            await self.live.cancel(run_id, task)
+            return Response(status_code=499)  # nobody is there to read it
+        try:
+            res = task.result()
+            _check_result(res)
+        except Exception as exc:  # noqa: BLE001 - every failure is an error response
+            return _error_response(self.error_of(exc, run_id))
+        return JSONResponse(_completion_body(res, req.model, req.answer_cap))
+
+    async def stream(self, req: ChatRequest, run_id: str):
         """The Server-Sent Events of one run: stage events as they happen, then the answer, the
         usage and ``[DONE]``; a client that goes away cancels the run."""
         loop = asyncio.get_running_loop()
@@ -379,33 +356,32 @@ class _Server:
             if ev.get("event") == "transition":
                 loop.call_soon_threadsafe(events.put_nowait, _stage_event(ev))
 
+        opts = dict(req.options)
         listeners = [*(opts.pop("listeners", None) or ()), safe_listener(on_event)]
-        task = asyncio.ensure_future(self.runner.completion(context, query, run_id=run_id,
-                                                            listeners=listeners, **opts))
+        task = asyncio.ensure_future(self.runner.completion(req.context, req.query,
+                                                            run_id=run_id, listeners=listeners,
+                                                            **opts))
+        self.live.add(run_id, task)
         try:
-            yield _chunk(run_id, model, {"role": "assistant", "content": ""})
-            async for chunk in _relay(task, events, run_id, model, self.error_of):
+            yield _chunk(run_id, req.model, {"role": "assistant", "content": ""})
+            async for chunk in _relay(task, events, run_id, req.model, self.error_of,
+                                      req.answer_cap):
                 yield chunk
         finally:
-            if not task.done():  # the client went away: cancel the run
-                task.cancel()
-                try:
-                    await task
-                except BaseException:  # noqa: BLE001
-                    pass
-            self.slots.give()
-
-    async def not_found(self, request):
-        """Any other route: a 404 in the protocol's error shape."""
-        return _error_response(APIError(404, f"no route {request.method} {request.url.path}",
-                                        code="not_found"))
+            try:
+                if not task.done():  # the client went away: cancel the run
+                    await self.live.cancel(run_id, task)
+            except BaseException:  # noqa: BLE001 - this generator is being cancelled too
+                pass
+            finally:
+                self.slots.give()
 
 
 async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, model: str,
-                 error_of: Any = None):
+                 error_of: Any = None, cap: int | None = None):
     """The chunks of a streamed run after its first: each stage event while ``task`` runs, the
-    ones left when it ends, then its answer and usage (or its error event: ``error_of(exc,
-    run_id)``, default :func:`_error_of`) and ``[DONE]``."""
+    ones left when it ends, then its answer (cut to ``cap`` tokens) and usage (or its error
+    event: ``error_of(exc, run_id)``, default :func:`_error_of`) and ``[DONE]``."""
     while True:
         getter = asyncio.ensure_future(events.get())
         done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -423,15 +399,17 @@ async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, m
         err = error_of(exc, run_id) if error_of is not None else _public(_error_of(exc), Redactor())
         yield f"data: {json.dumps(err.body)}\n\n"
         return
-    yield _chunk(run_id, model, {"content": res.answer})
-    yield _chunk(run_id, model, {}, "stop", usage=_usage(res), rlm=_rlm_info(res))
+    answer, finish = cap_answer(res.answer, cap)
+    yield _chunk(run_id, model, {"content": answer})
+    yield _chunk(run_id, model, {}, finish, usage=usage_of(res), rlm=run_info(res))
     yield "data: [DONE]\n\n"
 
 
 def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000,
-        api_key: str | None = None, max_concurrent_runs: int = 4) -> None:
+        api_key: str | None = None, max_concurrent_runs: int = 4,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Serve until interrupted (uvicorn), on ``host``:``port`` (``port`` 0: a free port, the
-    one taken is printed).
+    one taken is printed); arguments as :func:`create_app`'s.
 
     Raises:
         ConfigError: bound beyond loopback without a key, the ``serve`` extra is missing, or
@@ -446,7 +424,8 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
     except ImportError:
         raise ConfigError(f"rlm serve needs the serve extra: {install_hint('serve')}") \
             from None
-    app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs)
+    app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs,
+                     max_body_bytes=max_body_bytes)
     # what the process logs (the runs' retries and failures quote the upstream) has its keys
     # redacted, whichever logger it comes from
     redact = _redactor(dict(options or {}), api_key).record
@@ -539,6 +518,9 @@ def add_arguments(p: Any) -> None:
                         "process list only once read)")
     p.add_argument("--max-concurrent-runs", type=whole_number(1), default=4, metavar="N",
                    help="runs at once; further requests get 429 with Retry-After (default 4)")
+    p.add_argument("--max-body-bytes", type=whole_number(1), default=DEFAULT_MAX_BODY_BYTES,
+                   metavar="N", help="largest request body in bytes; a larger one is answered "
+                   f"413 before it is read (default {DEFAULT_MAX_BODY_BYTES}: 64 MiB)")
     p.add_argument("--upstream-api-key", metavar="KEY",
                    help="API key of the model endpoint the runs use (env OPENAI_API_KEY, "
                         "preferred: a flag's value is hidden from the process list only once "
@@ -567,7 +549,7 @@ def main(args: Any) -> int:
     o["journal"] = journal if journal is not None else False
     try:
         run(o, host=args.host, port=args.port, api_key=args.api_key,
-            max_concurrent_runs=args.max_concurrent_runs)
+            max_concurrent_runs=args.max_concurrent_runs, max_body_bytes=args.max_body_bytes)
     finally:
         if journal is not None:
             journal.close()

@@ -17,13 +17,20 @@ from rlm.errors import ConfigError, ContextError, EndpointError, RLMError
 
 
 class APIError(Exception):
-    """An error response: HTTP ``status`` with the protocol's error object."""
+    """An error response: HTTP ``status`` with the protocol's error object.
+
+    Its headers say ``x-should-retry: false`` unless ``retryable`` (then ``true``): the openai
+    SDKs retry 408, 409, 429 and 5xx by default, and a retry of a request whose run already ran
+    cannot change what it found. Only a busy server (429) and a run still running elsewhere
+    (409) are worth a retry.
+    """
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
                  code: str | None = None, param: str | None = None, headers: dict | None = None,
-                 **extra: Any) -> None:
+                 retryable: bool = False, **extra: Any) -> None:
         super().__init__(message)
-        self.status, self.headers = status, headers or {}
+        self.status, self.headers = status, dict(headers or {})
+        self.headers.setdefault("x-should-retry", "true" if retryable else "false")
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code,
                                **extra}}
 
@@ -194,8 +201,13 @@ def _error_of(exc: BaseException) -> APIError:
     from harness.errors import DivergenceError, RunActiveError, RunMismatchError
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, (RunMismatchError, RunActiveError)):
-        return APIError(409, str(exc), code="idempotency_conflict")
+    if isinstance(exc, RunMismatchError):  # the run id is the request's Idempotency-Key
+        return APIError(409, str(exc).replace("run id", "Idempotency-Key"),
+                        code="idempotency_conflict")
+    if isinstance(exc, RunActiveError):  # its owner (a pid, a host) is the operator's to know
+        return APIError(409, "this request's run is still running elsewhere (a request with "
+                        "the same Idempotency-Key, or another server process): retry once it "
+                        "has finished", code="run_active", retryable=True)
     if isinstance(exc, DivergenceError):
         return APIError(409, str(exc), "run_failed", code="divergence")
     if isinstance(exc, (ConfigError, ContextError)):

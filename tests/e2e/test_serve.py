@@ -193,6 +193,7 @@ def test_429_when_every_run_slot_is_busy(served, tmp_path):
         with pytest.raises(openai.RateLimitError) as exc:
             ask(client, "one too many")
         assert exc.value.response.headers.get("retry-after") == "1"
+        assert exc.value.response.headers.get("x-should-retry") == "true"  # no run was started
         assert exc.value.body["code"] == "rate_limit_exceeded"
     finally:
         flag.unlink()
@@ -256,6 +257,7 @@ def test_a_body_nested_too_deep_is_a_400_not_a_crash(served):
     (["--port", "99999"], "--port: must be a TCP port from 0 to 65535"),
     (["--port", "-1"], "--port: must be a TCP port from 0 to 65535"),
     (["--max-concurrent-runs", "0"], "--max-concurrent-runs: must be a whole number >= 1"),
+    (["--max-body-bytes", "0"], "--max-body-bytes: must be a whole number >= 1"),
     (["--max-cost", "1"], r"no price known for model\(s\) .* \(rlm serve --price-file PATH\)"),
     (["--max-cost", "1", "--price-file", "missing.json"], "price file not found"),
 ])
