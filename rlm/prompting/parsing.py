@@ -146,11 +146,12 @@ def split_reasoning(reply: str) -> tuple[str, list[str]]:
     lines = _lines(reply, start)
     i = 0
     while i < len(lines):
+        # indices into ``reply``, never a slice of the line: after a closing tag the rest of
+        # a long line is looked at again, and copying it each time was quadratic
         s, e = lines[i]
-        line = reply[s:e]
-        op = _opener(reply, lines, i)
-        m = _OPEN.search(line)
-        if op is not None and not (op.pre and m is not None and m.start() < len(op.pre)):
+        op = _opener(reply, lines, i, look)
+        m = _OPEN.search(reply, s, e)
+        if op is not None and not (op.pre_end and m is not None and m.start() < op.pre_end):
             j, used = _fence_end(reply, lines, i, op, look=look)
             if not used:
                 out.append(reply[s:lines[j][0]])
@@ -160,16 +161,16 @@ def split_reasoning(reply: str) -> tuple[str, list[str]]:
             out.append(reply[s:last[1]])
             i = j + 1
             continue
-        if m is None or _quoted(line, m.start(), m.end()):
-            out.append(line)
+        if m is None or _quoted(reply, m.start(), m.end()):
+            out.append(reply[s:e])
             i += 1
             continue
-        out.append(line[:m.start()])
+        out.append(reply[s:m.start()])
         k = next(n for n, v in m.groupdict().items() if v is not None and n != "tag")
         close_pat = _REASONING_TAGS[int(k[1:])][1]
         if "{tag}" in close_pat:
             close_pat = close_pat.format(tag=re.escape(m.group("tag")))
-        body_start = s + m.end()
+        body_start = m.end()
         c = re.compile(close_pat, re.IGNORECASE).search(reply, body_start)
         if c is None:
             reasoning.append(reply[body_start:].strip())
@@ -214,46 +215,98 @@ class _Opener:
     char: str
     length: int
     lang: str
-    pre: str = ""  # prose before an inline opener
+    pre_start: int = 0  # the prose before an inline opener: text[pre_start:pre_end]
+    pre_end: int = 0    # 0: none
+
+    def pre(self, text: str) -> str:
+        return text[self.pre_start:self.pre_end]
 
 
-def _opener(text: str, lines: list[tuple[int, int]], i: int) -> _Opener | None:
-    """The fence opened by ``lines[i]``, or None."""
-    line = text[lines[i][0]:lines[i][1]].rstrip("\n")
-    m = _OPENER.match(line)
-    if m is not None:
-        fence, info = m.group("fence"), m.group("info")
-        if fence[0] == "`" and "`" in info:
-            return None  # CommonMark: a backtick fence's info string holds no backtick
-        lang = (info.strip().split() or [""])[0].lower()
-        if not lang and i + 1 < len(lines):
-            # a stray bare fence line right before a code block's opener is not a block
-            nxt = _OPENER.match(text[lines[i + 1][0]:lines[i + 1][1]].rstrip("\n"))
-            if nxt and (nxt.group("info").strip().split() or [""])[0].lower() in CODE_LANGS:
-                return None
-        return _Opener(len(m.group("indent")), fence[0], len(fence), lang)
-    return _inline_opener(line)
+_NO_FENCE = object()  # the line does not start with a fence (an inline opener may follow)
 
 
-def _inline_opener(line: str) -> _Opener | None:
+def _line_end(text: str, s: int, e: int) -> int:
+    return e - 1 if e > s and text[e - 1] == "\n" else e
+
+
+def _opener(text: str, lines: list[tuple[int, int]], i: int,
+            look: "_Lookahead | None" = None) -> _Opener | None:
+    """The fence opened by ``lines[i]``, or None. Read by index, without copying the line."""
+    s, e = lines[i]
+    end = _line_end(text, s, e)
+    op = _fence_opener(text, s, end)
+    if op is _NO_FENCE:
+        return _inline_opener(text, s, end, look)
+    if op is not None and not op.lang and i + 1 < len(lines):
+        # a stray bare fence line right before a code block's opener is not a block
+        ns, ne = lines[i + 1]
+        nxt = _fence_opener(text, ns, _line_end(text, ns, ne))
+        if isinstance(nxt, _Opener) and nxt.lang in CODE_LANGS:
+            return None
+    return op  # type: ignore[return-value]
+
+
+def _fence_opener(text: str, s: int, end: int):
+    """The CommonMark fence opener ``text[s:end]`` is (indent, a run of 3+ backticks or
+    tildes, an info string), None when it is refused (a backtick fence's info string holds a
+    backtick), or :data:`_NO_FENCE`."""
+    j = s
+    while j < end and text[j] in " \t":
+        j += 1
+    if j >= end or text[j] not in "`~":
+        return _NO_FENCE
+    ch, k = text[j], j
+    while k < end and text[k] == ch:
+        k += 1
+    if k - j < 3:
+        return _NO_FENCE
+    if ch == "`" and text.find("`", k, end) >= 0:
+        return None  # CommonMark: a backtick fence's info string holds no backtick
+    lang = (text[k:end].strip().split() or [""])[0].lower()
+    return _Opener(j - s, ch, k - j, lang)
+
+
+def _inline_opener(text: str, s: int, end: int, look: "_Lookahead | None") -> _Opener | None:
     """An opener after other text on its line ("Here it is: ```repl"): not CommonMark, but
-    models write it; only for code languages, only with backticks. Read from the line's end
-    (a regex with two lazy groups here was quadratic in the line's length)."""
-    end = len(line.rstrip(" \t"))
-    k = end
-    while k > 0 and line[k - 1].isascii() and line[k - 1].isalnum():
+    models write it; only for code languages, only with backticks. Read from the line's end,
+    once per line (``look`` keeps it): a regex with two lazy groups here was quadratic."""
+    tail = look.tails.get(end) if look is not None else None
+    if tail is None:
+        tail = _fence_tail(text, s, end)
+        if look is not None:
+            look.tails[end] = tail
+    if not tail:
+        return None
+    lang, run, length = tail
+    if run < s:
+        return None
+    first = s
+    while first < run and text[first].isspace():
+        first += 1
+    if first >= run:
+        return None  # nothing but blanks before the fence
+    return _Opener(0, "`", length, lang, s, run)
+
+
+def _fence_tail(text: str, s: int, end: int) -> tuple:
+    """``(lang, where its backtick run starts, the run's length)`` when ``text[s:end]`` ends
+    in a run of 3+ backticks and a code language (blanks around it), else ``()``."""
+    t = end
+    while t > s and text[t - 1] in " \t":
+        t -= 1
+    k = t
+    while k > s and t - k <= 16 and text[k - 1].isascii() and text[k - 1].isalnum():
         k -= 1
-    lang = line[k:end].lower()
+    lang = text[k:t].lower()
     if lang not in CODE_LANGS:
-        return None
-    run_end = len(line[:k].rstrip(" \t"))
-    run = run_end
-    while run > 0 and line[run - 1] == "`":
+        return ()
+    r = k
+    while r > s and text[r - 1] in " \t":
+        r -= 1
+    run = r
+    while run > s and text[run - 1] == "`":
         run -= 1
-    pre = line[:run]
-    if run_end - run < 3 or not pre.strip():
-        return None
-    return _Opener(0, "`", run_end - run, lang, pre)
+    return (lang, run, r - run) if r - run >= 3 else ()
 
 
 def _is_closer(line: str, char: str, length: int) -> bool:
@@ -305,6 +358,8 @@ class _Lookahead:
 
     def __init__(self, text: str) -> None:
         self.left = 2 * len(text) + 65536
+        #: line end -> what :func:`_fence_tail` found there (a line's tail is read once)
+        self.tails: dict[int, tuple] = {}
 
 
 def _fence_end(text: str, lines: list[tuple[int, int]], i: int, op: _Opener,
@@ -357,13 +412,13 @@ def parse_reply(reply: str, *, cut: bool = False) -> ParsedReply:
     i = 0
     while i < len(lines):
         s, e = lines[i]
-        op = _opener(text, lines, i)
+        op = _opener(text, lines, i, look)
         if op is None:
             prose.append(text[s:e])
             i += 1
             continue
-        if op.pre:
-            prose.append(op.pre + "\n")
+        if op.pre_end:
+            prose.append(op.pre(text) + "\n")
         j, used = _fence_end(text, lines, i, op, cut, look)
         body = [_dedent(text[a:b], op.indent) for a, b in lines[i + 1:j]]
         blocks.append(Block("".join(body).strip("\n"), op.lang, j < len(lines)))
