@@ -48,6 +48,7 @@ class LiveState:
         self.totals = [0, 0, 0, 0.0]
         self.n_stages = 0
         self.problems: list[str] = []          # lines about failed/stopped stages
+        self.ended: str | None = None          # why the run ended, when not with an answer
         self._lock = threading.Lock()
 
     def update(self, stage: Mapping, ts: float | None = None) -> None:
@@ -66,7 +67,9 @@ class LiveState:
             self.own[sid] = new
             if stage.get("status") in _TERMINAL:
                 was = self.active.pop(sid, None)
-                if stage.get("status") in ("failed", "budget_exceeded") and (
+                if stage.get("kind") == "run":
+                    self.ended = plain_line(stage, None, self.run_id)
+                elif stage.get("status") in ("failed", "budget_exceeded") and (
                         was is not None or stage.get("kind") != "model_call"):
                     self.problems.append(plain_line(stage, was and was.get("status")) or sid)
                     del self.problems[:-5]
@@ -133,12 +136,16 @@ class LiveState:
             parts.append(Text(f"... and {len(active) - shown} more active stages", style="dim"))
         for p in problems:
             parts.append(Text(p, style="red"))
+        if self.ended:
+            parts.append(Text(self.ended, style="bold red"))
         return Group(*parts)
 
 
-def plain_line(stage: Mapping, prev: str | None = None) -> str | None:
+def plain_line(stage: Mapping, prev: str | None = None, run_id: str | None = None) -> str | None:
     """The plain progress line for a stage that reached ``stage['status']``, or ``None`` when
-    that change is not worth a line (a finished sub-call or model call, a started stage)."""
+    that change is not worth a line (a finished sub-call or model call, a started stage, the
+    run's answer). The ``run`` stage's line, when the run ends without an answer, says why
+    (:func:`rlm.observe.summary.stage_ending`; ``run_id`` names it in the advice to resume)."""
     st, kind, sid = stage.get("status"), stage.get("kind"), stage.get("id", "?")
     if st not in _TERMINAL:
         return None
@@ -151,8 +158,12 @@ def plain_line(stage: Mapping, prev: str | None = None) -> str | None:
                                      ("interrupted", ev.get("interrupted")),
                                      ("kernel died", ev.get("died"))) if f)
     notes = f" ({notes})" if notes else ""
-    if kind in ("iteration", "child") or (st != "completed" and kind != "run") or \
-            (kind == "cell" and notes):
+    if kind == "run":  # the run's end, when it is not an answer, says why (the summary)
+        if st == "completed":
+            return None
+        from rlm.observe.summary import stage_ending
+        return f"run {run_id or sid} ended{took}: {stage_ending(stage, run_id or '').text}"
+    if kind in ("iteration", "child") or st != "completed" or (kind == "cell" and notes):
         return f"L{stage.get('level', 0)} {kind} {sid} {st}{notes}{took}{err}"
     return None
 
@@ -192,7 +203,7 @@ class _Plain(_Quiet):
                 return
             self.state.update(event["stage"], event.get("ts"))
             if event.get("event") == "transition":
-                line = plain_line(event["stage"], event.get("from"))
+                line = plain_line(event["stage"], event.get("from"), event.get("run_id"))
                 if line and event["stage"].get("kind") == "iteration":
                     tin, tout, calls, cost = self.state.snapshot()[1]
                     line += f" · so far {calls} calls, {tin + tout:,} tokens, ${cost:.4f}"
@@ -222,7 +233,7 @@ class _Rich(_Quiet):
         if self._live is not None:
             self._live.stop()
             self._live = None
-        for p in self.state.snapshot()[3]:
+        for p in self.state.snapshot()[3] + ([self.state.ended] if self.state.ended else []):
             self.console.print(f"[rlm] {p}", style="red", markup=False, highlight=False)
 
     def progress(self, msg: str) -> None:
@@ -292,7 +303,7 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
                     seen[st["id"]] = st.get("status")
                     state.update(st)
                     if not rich_mode:
-                        line = plain_line(st, prev)
+                        line = plain_line(st, prev, run_id)
                         if line:
                             display.progress(line)
                 if rec["state"] != "running":
@@ -302,32 +313,29 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
         print(f"[rlm] stopped following run {run_id} (it goes on)", file=stream)
         return 0
     from harness.text import printable  # see rlm.cli.main._cmd_show
+    from rlm.observe.summary import header_lines
     tree = StageTree.from_records(run_id, journal.stages(run_id))
-    print(f"run {printable(run_id)}  state={rec['state']}  query={rec.get('query')!r}", file=out)
-    if rec.get("answer") is not None:
-        print(f"answer: {printable(rec['answer'])}", file=out)
+    for line in header_lines(rec):  # as `rlm show` prints it: with why the run ended
+        print(line, file=out)
     print(printable(tree.render(max_level=max_level)), file=out, flush=True)
     return 0
 
 
 def _runs_table(journal, limit: int):
+    """The runs list as a ``rich`` table: the rows and columns ``rlm runs`` prints
+    (:func:`rlm.observe.summary.run_row`); a run id is never wrapped or cut."""
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.text import printable
+    from rlm.observe.summary import RUN_COLUMNS, run_row
     t = Table(title=f"runs in {journal.path}", title_justify="left", box=None)
-    for col in ("RUN ID", "STARTED", "STATE", "DEPTH", "COST $", "MODEL / QUERY"):
-        t.add_column(col, justify="right" if col in ("DEPTH", "COST $") else "left")
+    for head, key, right in RUN_COLUMNS:
+        t.add_column(head, justify="right" if right else "left",
+                     no_wrap=key in ("run_id", "started", "state"))
     for r in journal.list_runs(limit=limit):
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("created_at") or 0))
-        cost = (r.get("usage") or {}).get("cost_usd")
-        if r["state"] == "running":  # no usage record until it ends: add up its stages
-            cost = sum(float(s.get("cost_usd") or 0) for s in journal.stages(r["run_id"]))
-        # what users and models wrote: control characters escaped, and no rich markup
-        q = printable((r.get("query") or "").replace("\n", " "))[:50]
-        t.add_row(escape(printable(r["run_id"])), started,
-                  f"[{_STYLE.get(r['state'], '')}]{r['state']}[/]", str(r.get("max_depth", "")),
-                  f"{cost or 0.0:.4f}", escape(f"{printable(str(r.get('model')))} / {q}"))
+        row = run_row(journal, r)  # printable already; no rich markup either
+        t.add_row(*[f"[{_STYLE.get(r['state'], '')}]{escape(row[key])}[/]" if key == "state"
+                    else escape(row[key]) for _, key, _ in RUN_COLUMNS])
     return t
 
 

@@ -20,20 +20,43 @@ exported unless asked for. Needs ``pip install 'rlm-kernels[otel]'``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import threading
+import time
+from collections import deque
 from typing import Any, Iterable, Mapping
 
 from rlm.errors import ConfigError, install_hint
 
-__all__ = ["stage_ids", "LiveExporter", "export_run", "emit_stages"]
+__all__ = ["stage_ids", "span_name", "span_attributes", "LiveExporter", "export_run",
+           "emit_stages"]
 
 _TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
 _BATCH = 512
+#: Seconds a live export gathers spans before sending a batch (fewer, larger requests).
+_DELAY = 0.5
+#: Spans a live export keeps queued while the collector is slow; later ones are dropped.
+_MAX_QUEUE = 20_000
+#: Seconds the end of a run waits for its last spans (``OTEL_BSP_EXPORT_TIMEOUT`` overrides).
+CLOSE_WAIT = 1.0
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+_OS_ERROR = re.compile(r"\[Errno -?\d+\][^'\")\]]*")
+log = logging.getLogger(__name__)
 
 
-def _require():
+def _require(quick: bool = False):
+    """Raise :class:`ConfigError` unless the SDK and the OTLP/HTTP exporter are installed
+    (``quick``: only look them up, without the import's cost)."""
     try:
+        if quick:
+            from importlib.util import find_spec
+            for name in ("opentelemetry.sdk.trace",
+                         "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+                if find_spec(name) is None:
+                    raise ImportError(name)
+            return
         from opentelemetry.sdk import trace as sdk_trace  # noqa: F401
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: F401
             OTLPSpanExporter)
@@ -74,8 +97,9 @@ class _Emitter:
                 return local.trace_id
 
         name = service_name or os.environ.get("OTEL_SERVICE_NAME") or "rlm"
+        # no shutdown at the interpreter's exit: that would wait on the collector there
         self.provider = TracerProvider(resource=Resource.create({"service.name": name}),
-                                       id_generator=_FixedIds())
+                                       id_generator=_FixedIds(), shutdown_on_exit=False)
         self.provider.add_span_processor(processor)
         from rlm.version import __version__
         self.tracer = self.provider.get_tracer("rlm", __version__)
@@ -98,20 +122,44 @@ class _Emitter:
         model_call = kind == "model_call"
         start = stage.get("started_at") or stage.get("created_at") or end_fallback
         end = stage.get("ended_at") or end_fallback or start
-        attrs = _attributes(run_id, stage, call)
-        name = f"chat {stage.get('model') or ''}".strip() if model_call else f"rlm.{kind}"
+        attrs = span_attributes(run_id, stage, call)
+        name = span_name(stage)
         self._local.trace_id, self._local.span_id = trace_id, span_id
         span = self.tracer.start_span(name, context=ctx, attributes=attrs,
                                       kind=SpanKind.CLIENT if model_call else SpanKind.INTERNAL,
                                       start_time=_ns(start))
         if status in ("failed", "budget_exceeded"):
             span.set_status(Status(StatusCode.ERROR, (stage.get("error") or status)[:500]))
-            span.set_attribute("error.type", status)
         span.end(end_time=_ns(end if end is not None and start is not None and end >= start
                               else start))
 
 
-def _attributes(run_id: str, st: Mapping[str, Any], call: Mapping | None) -> dict:
+def span_name(stage: Mapping[str, Any]) -> str:
+    """A stage's span name: ``chat MODEL`` for a model call (the GenAI conventions'
+    ``{gen_ai.operation.name} {gen_ai.request.model}``), ``rlm.KIND`` for every other stage."""
+    if stage.get("kind") == "model_call":
+        return f"chat {stage.get('model') or ''}".strip()
+    return f"rlm.{stage.get('kind')}"
+
+
+def _error_type(st: Mapping[str, Any]) -> str:
+    """``error.type`` of a failed or stopped stage: the HTTP status its error names (``400``),
+    else its status (``failed``, ``budget_exceeded``)."""
+    m = _HTTP_STATUS.search(str(st.get("error") or ""))
+    return m.group(1) if m else str(st.get("status"))
+
+
+def span_attributes(run_id: str, st: Mapping[str, Any], call: Mapping | None = None) -> dict:
+    """The attributes of a stage's span: the one mapping from a stage record to a span, used by
+    the live export (``rlm run --otel``: the stage as it ends) and by ``rlm export --otel`` (the
+    stage as the journal holds it), so both say the same.
+
+    A model call's GenAI attributes come from what its stage recorded (``meta.call``: provider,
+    output cap, temperature; ``meta.server``: host and port it was sent to; ``meta.reply``:
+    the model that answered, the reply's id and finish reason; see
+    :func:`rlm.core.run_tree.call_facts`). ``call`` (the journal's model-call record) fills
+    in what a stage recorded before those fields existed.
+    """
     a: dict[str, Any] = {
         "rlm.run_id": run_id, "rlm.stage.id": st["id"], "rlm.stage.kind": st.get("kind") or "",
         "rlm.stage.level": int(st.get("level") or 0), "rlm.stage.ordinal": int(st.get("ordinal") or 0),
@@ -120,32 +168,51 @@ def _attributes(run_id: str, st: Mapping[str, Any], call: Mapping | None) -> dic
     }
     if st.get("status") not in _TERMINAL:
         a["rlm.stage.unfinished"] = True  # a crashed run's stage: ended at the last record
+    if st.get("status") in ("failed", "budget_exceeded"):
+        a["error.type"] = _error_type(st)
     if st.get("model"):
         a["rlm.model"] = st["model"]
     if st.get("kind") == "model_call":
-        a["gen_ai.operation.name"] = "chat"
-        a["gen_ai.provider.name"] = "openai"  # the wire protocol: any OpenAI-compatible endpoint
-        a["gen_ai.request.model"] = st.get("model") or ""
-        a["gen_ai.usage.input_tokens"] = int(st.get("prompt_tokens") or 0)
-        a["gen_ai.usage.output_tokens"] = int(st.get("completion_tokens") or 0)
-        meta = st.get("meta") or {}
-        if meta.get("replayed"):
-            a["rlm.replayed"] = True
-        if isinstance(meta.get("attempts"), list):
-            a["rlm.attempts"] = len(meta["attempts"])
-        req = (call or {}).get("request") or {}
-        if req.get("max_tokens") is not None:
-            a["gen_ai.request.max_tokens"] = int(req["max_tokens"])
-        if req.get("temperature") is not None:
-            a["gen_ai.request.temperature"] = float(req["temperature"])
-        resp = (call or {}).get("response") or {}
-        if isinstance(resp, Mapping):
-            if resp.get("model"):
-                a["gen_ai.response.model"] = str(resp["model"])
-            if resp.get("finish_reason"):
-                a["gen_ai.response.finish_reasons"] = [str(resp["finish_reason"])]
-            if resp.get("id"):
-                a["gen_ai.response.id"] = str(resp["id"])
+        a.update(_genai(st, call))
+    return a
+
+
+def _genai(st: Mapping[str, Any], call: Mapping | None) -> dict:
+    """The GenAI semantic-convention attributes of one model call's span."""
+    meta = st.get("meta") or {}
+    facts = meta.get("call") if isinstance(meta.get("call"), Mapping) else {}
+    server = meta.get("server") if isinstance(meta.get("server"), Mapping) else {}
+    reply = meta.get("reply") if isinstance(meta.get("reply"), Mapping) else None
+    req = (call or {}).get("request") or {}
+    if reply is None:  # recorded before stages kept their reply's facts: the call record's
+        resp = (call or {}).get("response")
+        reply = resp if isinstance(resp, Mapping) else {}
+    a: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": str(facts.get("provider") or "openai"),
+        "gen_ai.request.model": st.get("model") or "",
+        "gen_ai.usage.input_tokens": int(st.get("prompt_tokens") or 0),
+        "gen_ai.usage.output_tokens": int(st.get("completion_tokens") or 0),
+    }
+    max_tokens = facts.get("max_tokens", req.get("max_tokens"))
+    if max_tokens is not None:
+        a["gen_ai.request.max_tokens"] = int(max_tokens)
+    temperature = facts.get("temperature", req.get("temperature"))
+    if temperature is not None:
+        a["gen_ai.request.temperature"] = float(temperature)
+    for key, attr in (("model", "gen_ai.response.model"), ("id", "gen_ai.response.id")):
+        if reply.get(key):
+            a[attr] = str(reply[key])
+    if reply.get("finish_reason"):
+        a["gen_ai.response.finish_reasons"] = [str(reply["finish_reason"])]
+    if server.get("address"):
+        a["server.address"] = str(server["address"])
+        if server.get("port") is not None:
+            a["server.port"] = int(server["port"])
+    if meta.get("replayed"):
+        a["rlm.replayed"] = True
+    if isinstance(meta.get("attempts"), list):
+        a["rlm.attempts"] = len(meta["attempts"])
     return a
 
 
@@ -155,32 +222,229 @@ def _exporter(endpoint: str | None = None):
     return OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
 
 
-class LiveExporter:
-    """A stage-tree listener that exports each stage's span when the stage ends, batched in
-    the background (``rlm run --otel``). :meth:`close` flushes and shuts the exporter down."""
+def _where(endpoint: str | None) -> str:
+    """The traces URL the exporter sends to, as its standard configuration resolves it."""
+    if endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return endpoint or os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return base.rstrip("/") + "/v1/traces" if base else "http://localhost:4318/v1/traces"
 
-    def __init__(self, endpoint: str | None = None, exporter=None) -> None:
-        _require()
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        self._emitter = _Emitter(BatchSpanProcessor(exporter or _exporter(endpoint)))
+
+def _short(text: str) -> str:
+    """An exporter's error, short: the OS's own words when it quotes them (``[Errno 111]
+    Connection refused``), else its first 160 characters."""
+    found = _OS_ERROR.findall(text)
+    return found[-1].rstrip("'\")") if found else " ".join(text.split())[:160]
+
+
+class _Hush(logging.Filter):
+    """Keeps the OpenTelemetry SDK's own log records of the threads that export for ``rlm``
+    (each retry is a warning there) off the terminal, and hands each one's message to that
+    thread's callback instead: a failed export is then one line of ours, not one per retry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[int, Any] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        heard = self.threads.get(record.thread)
+        if heard is None:
+            return True
+        if record.levelno >= logging.WARNING:
+            try:
+                heard(record.getMessage())
+            except Exception:
+                pass
+        return False
+
+
+_HUSH = _Hush()
+
+
+def _hush(thread: int, heard) -> None:
+    """Route the SDK's records from ``thread`` to ``heard(message)`` (see :class:`_Hush`)."""
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("opentelemetry") and isinstance(lg, logging.Logger) and \
+                _HUSH not in lg.filters:
+            lg.addFilter(_HUSH)
+    _HUSH.threads[thread] = heard
+
+
+class _Sender:
+    """Sends the spans of ended stages in batches from a daemon thread, so a slow, hung or
+    absent collector never holds the run: :meth:`put` only queues the stage's record; the
+    thread imports the SDK, builds the spans and exports them; :meth:`close` waits at most
+    ``wait`` seconds for what is still queued. The first failed export (a refused connection,
+    an error status, a timeout, spans left unsent at close) is one warning on
+    ``rlm.observe.otel``; nothing else is logged."""
+
+    def __init__(self, make_exporter, where: str, wait: float) -> None:
+        self._make, self.where, self.wait = make_exporter, where, wait
+        self._exp = None
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._closing = self._busy = False
+        self._busy_since = 0.0
+        self.failure: str | None = None
+        self.sent = self.dropped = 0
+        self._thread = threading.Thread(target=self._loop, name="rlm-otel", daemon=True)
+        self._thread.start()
+
+    def put(self, run_id: str, stage: Mapping) -> None:
+        """Queue the span of one ended stage (``stage``: its record, copied)."""
+        with self._cv:
+            if len(self._queue) >= _MAX_QUEUE or self._closing:
+                self.dropped += 1
+                return
+            self._queue.append((run_id, dict(stage)))
+            if len(self._queue) in (1, _BATCH):  # the thread waits for a first one or a full batch
+                self._cv.notify_all()
+
+    def _loop(self) -> None:
+        try:
+            self._exp = self._make()  # the SDK's import and set-up: off the run's threads
+            collect = _collector()
+            emitter = _Emitter(collect)
+        except Exception as exc:  # e.g. a malformed OTEL_* setting
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return
+        me = threading.get_ident()
+        _hush(me, self._heard)
+        try:
+            while self._next_batch(collect, emitter):
+                ok, why = self._send(collect.spans)
+                with self._cv:
+                    self._busy = False
+                    self.sent += len(collect.spans) if ok else 0
+                    self.dropped += 0 if ok else len(collect.spans)
+                    self._cv.notify_all()
+                collect.spans.clear()
+                if not ok:
+                    self._fail(why)
+        finally:
+            _HUSH.threads.pop(me, None)  # a later thread may get the same id
+
+    def _next_batch(self, collect, emitter) -> bool:
+        """Wait for stages (gathering a batch for :data:`_DELAY` seconds unless the run is
+        ending), build their spans into ``collect``; False when there is nothing more to do."""
+        with self._cv:
+            while not self._queue and not self._closing:
+                self._cv.wait()
+            if not self._queue or (self._closing and self.failure is not None):
+                return False
+            if not self._closing and len(self._queue) < _BATCH:
+                self._cv.wait(_DELAY)
+            batch = [self._queue.popleft() for _ in range(min(_BATCH, len(self._queue)))]
+            self._busy, self._busy_since = True, time.monotonic()
+        for run_id, st in batch:
+            try:
+                emitter.emit(run_id, st)
+            except Exception:  # one odd record costs its span, not the export
+                self.dropped += 1
+        return True
+
+    def _send(self, batch: list) -> tuple[bool, str]:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+        if not batch:
+            return True, ""
+        try:
+            return self._exp.export(list(batch)) == SpanExportResult.SUCCESS, "it refused them"
+        except Exception as exc:  # an exporter's bug must not end the thread silently
+            return False, f"{type(exc).__name__}: {exc}"
+
+    def _heard(self, message: str) -> None:
+        self._fail(_short(message))
+
+    def _fail(self, why: str) -> None:
+        with self._cv:
+            if self.failure is not None:
+                return
+            self.failure = why
+            self._cv.notify_all()
+        log.warning("OpenTelemetry: the collector at %s did not take this run's spans (%s); "
+                    "the run goes on without exporting them", self.where, why)
+
+    def close(self) -> None:
+        """Stop taking spans and wait up to ``wait`` seconds (none once an export failed, nor
+        for a request already out that long) for the queued ones to be sent; then shut the
+        exporter down. Never raises."""
+        deadline = time.monotonic() + self.wait
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+            while (self._queue or self._busy) and self.failure is None:
+                now = time.monotonic()
+                # a request already out for longer than the wait is hung: no point waiting
+                left = min(deadline, self._busy_since + self.wait if self._busy else deadline)
+                if left <= now:
+                    break
+                self._cv.wait(left - now)
+            unsent = len(self._queue) + (1 if self._busy else 0)
+        if unsent and self.failure is None:
+            self._fail(f"it did not answer within {self.wait:g} s")
+        try:
+            if self._exp is not None:
+                self._exp.shutdown()  # also ends a retry the exporter is waiting out
+        except Exception:
+            pass
+
+
+def _close_wait() -> float:
+    """Seconds :meth:`LiveExporter.close` waits for the last spans: ``OTEL_BSP_EXPORT_TIMEOUT``
+    (milliseconds) when set, else :data:`CLOSE_WAIT`."""
+    raw = os.environ.get("OTEL_BSP_EXPORT_TIMEOUT", "")
+    try:
+        value = float(raw) / 1000.0 if raw.strip() else CLOSE_WAIT
+    except ValueError:
+        value = CLOSE_WAIT
+    return value if value >= 0 and value == value else CLOSE_WAIT
+
+
+class LiveExporter:
+    """A stage-tree listener that exports each stage's span when the stage ends
+    (``rlm run --otel``), sent in batches from a background thread.
+
+    The run never waits for the collector, nor for the SDK's import: the listener only queues
+    the stage's record, and :meth:`close` waits at most ``close_wait`` seconds (default
+    :data:`CLOSE_WAIT`, or ``OTEL_BSP_EXPORT_TIMEOUT`` in milliseconds) for the last ones. A
+    collector that refuses, fails or does not answer costs one warning line on the
+    ``rlm.observe.otel`` logger, never an error of the run.
+
+    Args:
+        endpoint: the OTLP/HTTP traces URL (default: the standard ``OTEL_EXPORTER_OTLP_*``
+            configuration); exporter: an SDK ``SpanExporter`` to use instead.
+    Raises:
+        ConfigError: the SDK or the OTLP/HTTP exporter is not installed.
+    """
+
+    def __init__(self, endpoint: str | None = None, exporter=None,
+                 close_wait: float | None = None) -> None:
+        _require(quick=True)
+        self._sender = _Sender((lambda: exporter) if exporter is not None
+                               else (lambda: _exporter(endpoint)), _where(endpoint),
+                               _close_wait() if close_wait is None else close_wait)
         self.spans = 0
 
+    @property
+    def failure(self) -> str | None:
+        """Why the export failed (str), or None while it has not."""
+        return self._sender.failure
+
     def listener(self, event: dict) -> None:
-        """A :class:`harness.stages.tree.StageTree` listener: emit one span when a stage reaches a
-        terminal status. Never raises (a raising listener would roll the stage change back)."""
+        """A :class:`harness.stages.tree.StageTree` listener: queue one span when a stage reaches
+        a terminal status. Never raises (a raising listener would roll the stage change back)."""
         try:
             st = event["stage"]
             if event.get("event") == "transition" and st.get("status") in _TERMINAL:
-                self._emitter.emit(event["run_id"], st)
+                self._sender.put(event["run_id"], st)
                 self.spans += 1
         except Exception:  # tracing must never break the run (a raising listener rolls back)
             pass
 
     def close(self) -> None:
-        """Flush the spans still queued and shut the exporter down (blocks up to the SDK's
-        export timeout)."""
-        self._emitter.provider.force_flush()
-        self._emitter.provider.shutdown()
+        """Send what is still queued, waiting at most ``close_wait`` seconds, and shut the
+        exporter down. Never raises."""
+        self._sender.close()
 
 
 def _collector():
@@ -225,14 +489,19 @@ def export_run(journal, run_id: str, *, endpoint: str | None = None, exporter=No
                + [rec.get("finished_at") or rec.get("heartbeat_at") or 0.0])
     spans = emit_stages(run_id, stages, journal.model_calls(run_id), end_fallback=last)
     exp = exporter or _exporter(endpoint)
+    heard: list[str] = []
+    me = threading.get_ident()
+    _hush(me, heard.append)  # the SDK's retry warnings: the error below says it once
     try:
         for i in range(0, len(spans), _BATCH):
             if exp.export(spans[i:i + _BATCH]) != SpanExportResult.SUCCESS:
-                where = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
-                    os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
-                raise ConfigError(f"the OTLP endpoint {where} did not accept the spans of run "
-                                  f"{run_id} (sent {i} of {len(spans)}); is a collector "
-                                  "listening there?")
+                why = f": {_short(heard[-1])}" if heard else ""
+                raise ConfigError(f"the OTLP endpoint {_where(endpoint)} did not accept the spans "
+                                  f"of run {run_id} (sent {i} of {len(spans)}){why}; is a "
+                                  "collector listening there?")
     finally:
-        exp.shutdown()
+        try:
+            exp.shutdown()
+        finally:
+            _HUSH.threads.pop(me, None)
     return len(spans)

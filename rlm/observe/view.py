@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from rlm.observe.summary import ending
+
 __all__ = ["FIELDS", "build_payload", "render_html", "payload_from_journal", "write_view"]
 
 #: The order of the per-stage array in the payload (the page reads the same order).
@@ -121,6 +123,7 @@ def build_payload(run: Mapping, stages: Iterable[Mapping], calls: Iterable[Mappi
     ends = [r[7] for r in rows if r[7] is not None] + [r[6] for r in rows if r[6] is not None]
     started = run.get("created_at")
     finished = run.get("finished_at") or (max(ends) if ends else None)
+    end = ending({**run, "state": run.get("state") or run.get("status")})
     return {
         "version": 1,
         "generated_at": generated_at if generated_at is not None else time.time(),
@@ -128,6 +131,9 @@ def build_payload(run: Mapping, stages: Iterable[Mapping], calls: Iterable[Mappi
             "run_id": run.get("run_id"), "state": run.get("state") or run.get("status"),
             "query": _cut(run.get("query"), max_text), "answer": _cut(run.get("answer"), max_text),
             "reason": _cut(run.get("error"), 4000), "model": run.get("model"),
+            # why it ended, in the words of every other view (rlm.observe.summary)
+            "ended": None if end.kind == "running" else _cut(end.text, 4000),
+            "ended_kind": end.kind,
             "sub_model": run.get("sub_model") or opts.get("sub_model"),
             "child_model": opts.get("child_model"), "max_depth": run.get("max_depth"),
             "budget": opts.get("budget") or {}, "usage": usage,
@@ -180,7 +186,7 @@ def payload_from_result(journal, rec: Mapping, result, *,
     run = dict(rec)
     run.update(state=result.status, answer=result.answer, error=result.reason or None,
                replay=True, usage=dict(result.usage, kernels_started=result.kernels_started,
-                                       iterations=result.iterations))
+                                       iterations=result.iterations, cap=result.cap))
     return build_payload(run, result.tree.snapshot(), calls, max_text=max_text)
 
 

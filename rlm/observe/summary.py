@@ -1,0 +1,194 @@
+"""What every view says of a whole run: why it ended (:func:`ending`), and its row in the runs
+list (:func:`run_row`, :func:`runs_lines`).
+
+One place decides the words, so ``rlm show``, ``rlm show --follow``, ``rlm runs`` (and
+``--watch``), ``rlm view`` and the live view of ``rlm run`` say the same of the same run. A run's
+end is read from its journal record (state, ``error``, the cap in ``usage``) or, during a run,
+from its ``run`` stage as it ends (status and error).
+"""
+from __future__ import annotations
+
+import re
+import time
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from harness.text import printable
+
+__all__ = ["Ending", "ending", "stage_ending", "header_lines", "run_row", "runs_lines",
+           "columns", "RUN_COLUMNS"]
+
+_CAP = re.compile(r"budget cap '(\w+)'")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why a run ended.
+
+    Attributes:
+        kind: ``answered``, ``no_answer`` (the loop ran out of turns without an executed
+            FINAL), ``failed``, ``budget_exceeded``, ``cancelled``, ``crashed`` (its process
+            is gone and it recorded no end) or ``running`` (it has not ended).
+        short: a few words for a column (``cap calls``, ``no FINAL``...; "" when answered).
+        text: the whole sentence, with the recorded reason and what to do next.
+    """
+
+    kind: str
+    short: str
+    text: str
+
+
+def _first_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def ending(rec: Mapping[str, Any]) -> Ending:
+    """Why the run of the journal record ``rec`` (``Journal.get_run``) ended."""
+    usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
+    error = rec.get("error")
+    reason = error.get("message", error) if isinstance(error, Mapping) else error
+    return _ending(rec.get("state") or rec.get("status") or "", str(reason or ""),
+                   usage.get("cap"), str(rec.get("run_id") or ""),
+                   heartbeat=rec.get("heartbeat_at"), host=rec.get("owner_host"),
+                   plain=bool((rec.get("options") or {}).get("plain")))
+
+
+def stage_ending(stage: Mapping[str, Any], run_id: str = "") -> Ending:
+    """Why a run ended, from its ``run`` stage as it reached a terminal status (the live view,
+    which sees stages, not the run record)."""
+    return _ending(stage.get("status") or "", str(stage.get("error") or ""), None, run_id)
+
+
+def _ending(state: str, reason: str, cap: str | None, run_id: str, *,
+            heartbeat: float | None = None, host: str | None = None,
+            plain: bool = False) -> Ending:
+    reason = _first_line(reason)
+    resume = f"`rlm resume {run_id}` continues it" if run_id else "`rlm resume` continues it"
+    if state == "completed":
+        return Ending("answered", "", "answered: the reply of a plain completion" if plain
+                      else "answered: an executed FINAL set the answer")
+    if state == "running":
+        return Ending("running", "", "still running")
+    if state == "budget_exceeded":
+        m = _CAP.search(reason)
+        cap = cap or (m.group(1) if m else None)
+        what = f"the {cap} cap" if cap else "a budget cap"
+        return Ending("budget_exceeded", f"cap {cap}" if cap else "budget cap",
+                      f"budget exceeded: {what} stopped it" + (f" ({reason})" if reason else ""))
+    if state == "cancelled":
+        why = "" if reason in ("", "interrupted", "KeyboardInterrupt") else f" ({reason})"
+        return Ending("cancelled", "cancelled", f"cancelled: interrupted before it ended{why}; "
+                      f"{resume}")
+    if state == "crashed":
+        when = (" (last heartbeat " + time.strftime("%Y-%m-%d %H:%M:%S",
+                                                    time.localtime(heartbeat))
+                + (f" on {host}" if host else "") + ")") if heartbeat else ""
+        return Ending("crashed", "process gone", "crashed: the process running it stopped "
+                      f"without recording an end{when}; {resume}")
+    if reason.startswith("no FINAL"):
+        return Ending("no_answer", "no FINAL", f"no answer: {reason}")
+    if state == "failed":
+        return Ending("failed", reason[:40] or "failed",
+                      f"failed: {reason}" if reason else "failed (no reason was recorded)")
+    return Ending(state or "unknown", state, f"{state}: {reason}" if reason else state)
+
+
+def header_lines(rec: Mapping[str, Any]) -> list[str]:
+    """The opening lines of ``rlm show`` and ``rlm show --follow``: the run id, state, query
+    (and how its kernels ran), why it ended (``ended: ...``, once it has), and its answer.
+    What the model or the user wrote is shown with its control characters escaped."""
+    sandbox = (rec.get("usage") or {}).get("sandbox") if isinstance(rec.get("usage"), Mapping) \
+        else None
+    lines = [f"run {printable(str(rec['run_id']))}  state={rec['state']}  "
+             f"query={rec.get('query')!r}"
+             + (f"  kernels={printable(str(sandbox))}" if sandbox else "")]
+    end = ending(rec)
+    if end.kind != "running":
+        lines.append(f"ended: {printable(end.text)}")
+    if rec.get("answer") is not None:
+        lines.append(f"answer: {printable(rec['answer'])}")
+    return lines
+
+
+# ---------------------------------------------------------------------------- the runs list
+
+#: The runs list's columns: (heading, key of :func:`run_row`, right-aligned).
+RUN_COLUMNS = (("RUN ID", "run_id", False), ("STARTED", "started", False),
+               ("STATE", "state", False), ("WHY", "why", False), ("HOST", "host", False),
+               ("DEPTH", "depth", True), ("COST $", "cost", True),
+               ("MODEL / QUERY", "what", False))
+_WHY_WIDTH = 28
+_QUERY_WIDTH = 60
+
+
+def columns(text: str) -> int:
+    """Terminal columns ``text`` takes: wide characters (CJK, most emoji: Unicode East Asian
+    Width W or F) two, combining marks none, others one."""
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _plain_prompt(journal, run_id: str) -> str:
+    """A plain completion's prompt (no query of its own: the prompt is its context), by its
+    last line, where a question usually is."""
+    try:
+        calls = journal.model_calls(run_id)
+        msgs = (calls[0].get("request") or {}).get("messages") or [] if calls else []
+        text = str(msgs[-1].get("content") or "") if msgs else ""
+    except Exception:  # a damaged record: the row says nothing rather than failing the list
+        return ""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def run_row(journal, rec: Mapping[str, Any]) -> dict[str, str]:
+    """The runs list's row of one run record, every value printable text (control characters
+    escaped): run id, start (local time), state, why it ended (short), owner host, depth (``-``
+    for a plain completion: no kernel, no depth), cost (USD over every attempt; a running
+    run's from its stages), and the model and query (a plain completion's prompt, marked
+    ``plain:``)."""
+    usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
+    plain = bool((rec.get("options") or {}).get("plain"))
+    if rec.get("state") == "running":  # no usage record until it ends: add up its stages
+        cost = sum(float(s.get("cost_usd") or 0) for s in journal.stages(rec["run_id"]))
+    else:  # a resumed run: what every attempt spent (the usage itself is the last attempt's)
+        cost = float((usage.get("all_attempts") or usage).get("cost_usd") or 0.0)
+    query = rec.get("query") or ""
+    if plain and not query:
+        query = "plain: " + _plain_prompt(journal, rec["run_id"])
+    return {
+        "run_id": printable(str(rec["run_id"])),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.get("created_at") or 0)),
+        "state": printable(str(rec.get("state"))),
+        "why": printable(_cut(ending(rec).short, _WHY_WIDTH)),
+        "host": printable(str(rec.get("owner_host") or "-")),
+        "depth": "-" if plain else str(rec.get("max_depth", "")),
+        "cost": f"{cost:.4f}",
+        "what": printable(f"{rec.get('model')} / " + _cut(query.replace("\n", " "),
+                                                            _QUERY_WIDTH)),
+    }
+
+
+def runs_lines(rows: list[dict[str, str]]) -> list[str]:
+    """The runs list as text lines, a heading first: each column as wide as its widest cell
+    (counted in terminal columns), so every row lines up whatever the length of its run id."""
+    widths = {key: max([columns(head)] + [columns(r[key]) for r in rows])
+              for head, key, _ in RUN_COLUMNS}
+
+    def line(cells: dict[str, str]) -> str:
+        out = []
+        for head, key, right in RUN_COLUMNS:
+            text = cells[key]
+            if key == "what":  # the last column: no padding
+                out.append(text)
+                continue
+            pad = " " * (widths[key] - columns(text))
+            out.append(pad + text if right else text + pad)
+        return "  ".join(out).rstrip()
+
+    return [line({key: head for head, key, _ in RUN_COLUMNS})] + [line(r) for r in rows]
