@@ -14,6 +14,9 @@ code  meaning
 5     a budget cap ended the run (status ``budget_exceeded``)
 6     replay or resume found a divergence from the journal
 7     the run ended without an answer (iterations exhausted, no FINAL)
+8     ``rlm verify`` found a violation in the journal
+9     the journal failed under the run and stayed down past its retry limit
+      (``JournalUnavailableError``; resume once it is back)
 130   interrupted (Ctrl-C)
 ====  =======================================================================
 """
@@ -81,3 +84,13 @@ def install_hint(extra: str) -> str:
     if os.path.isfile(os.path.join(root, "pyproject.toml")):
         return f"pip install -e '{root}[{extra}]'"
     return f"pip install 'rlm-kernels[{extra}]'"
+
+
+def __getattr__(name: str):
+    """``JournalUnavailableError`` (exit code 9): the journal's database failed under a run past
+    its bounded retries. Raised by the journal itself (``harness.journal.faults``), so the class
+    is that one; looked up on first use, as the journal package is not imported with this module."""
+    if name == "JournalUnavailableError":
+        from harness.journal.errors import JournalUnavailableError
+        return JournalUnavailableError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,13 +17,15 @@ carries its place in its run's hash chain (``prev_hash``, ``hash``), anchored to
   is sent), then its settlement or release, so a resumed run starts from what every earlier
   attempt spent, in-flight calls of a killed process included.
 
-Durability: what the harness acts on (a spend reservation before its call is sent, a run's
-creation and end) commits before the call returns, together with everything queued before it;
-a run's other records (transitions, calls, cells, settlements) are written behind, in order,
-by group commit (``behind.py``). With WAL and ``synchronous=NORMAL`` a
-committed transaction survives a crash of the process (SIGKILL included); a power loss may lose the
-last transactions but never corrupts the file. A process killed mid-transaction loses only that
-transaction. A truncated ``-wal`` file loses the commits in its cut-off tail (not yet checkpointed
+Durability: what the harness acts on (a spend reservation before its call is sent, a model
+call's response before it is handed on, a run's creation and end) commits before the call
+returns, together with everything queued before it, concurrent ones sharing one commit; a run's
+other records (transitions, cells, settlements) are written behind, in order, by group commit
+(``behind.py``). A fault of the database under a run (lost connection, full disk, lock, removed
+file) is retried for a bounded time (``faults.py``), then raises ``JournalUnavailableError``.
+With WAL and ``synchronous=NORMAL`` a committed transaction survives a crash of the process
+(SIGKILL included); a power loss may lose the last transactions but never corrupts the file. A
+process killed mid-transaction loses only that transaction. A truncated ``-wal`` file loses the commits in its cut-off tail (not yet checkpointed
 into the main file); every commit before the cut stays intact and the file opens. A main file
 damaged beyond that raises ``JournalCorruptError`` naming the file and what to do.
 
@@ -43,6 +45,8 @@ Where things are (each module's docstring says more)::
     runs.py      run records: create, claim, heartbeat (Heartbeat), finish, read; owner liveness
     records.py   stage transitions (events, stages), model calls, cells
     behind.py    the write-behind queue and group commit; which records are durable first
+    faults.py    bounded retries through the database's faults (reconnect, full disk, lock)
+    file_guard.py  a SQLite file removed, moved or replaced under a run: restored or saved
     spend.py     the spend ledger (record_spend, spend)
     export.py    export_jsonl: one run as JSON Lines
     store.py     Store (the operations the records need) and SQLiteStore (file, WAL, lock, fork,
@@ -62,6 +66,7 @@ from harness.journal.errors import (
     JournalCorruptError,
     JournalError,
     JournalSchemaError,
+    JournalUnavailableError,
     ModelCallConflictError,
     RunExistsError,
     UnknownRunError,
@@ -77,6 +82,7 @@ __all__ = [
     "Journal",
     "JournalError",
     "JournalSchemaError",
+    "JournalUnavailableError",
     "JournalCorruptError",
     "RunExistsError",
     "UnknownRunError",

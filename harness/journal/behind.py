@@ -1,17 +1,19 @@
-"""Which records must be durable before the harness acts, and group commit for the rest.
+"""Which records must be durable before the harness acts, and group commit for all of them.
 
 A record is written in one of two ways:
 
 - **Durable** (``_durable``): committed before the call returns. These are the records the
   harness acts on after writing them, so a crash right after the act must find them: a model
   call's spend *reservation* (written before the request is sent, so caps hold across a crash:
-  a resumed run counts an in-flight call at its reservation), a run's creation, claim and
-  finish, and every record written through the public methods without ``behind=True``.
+  a resumed run counts an in-flight call at its reservation), a model call's *response*
+  (written before it is handed to the kernel or the loop, as a durable workflow engine records
+  a step's output before the workflow goes on: a resumed run never sends again a call whose
+  reply the run had received), a run's creation, claim and finish, and every record written
+  through the public methods without ``behind=True``.
 - **Written behind** (``_defer``): queued in memory and committed later, in order, in one
-  transaction with the others: stage transitions, model-call requests and responses, executed
-  cells, settlements and releases of the spend ledger. Losing the tail of these in a crash only
-  means that a resumed run re-sends the calls whose responses were lost (it is charged for
-  them at their reservation either way) and re-runs their cells.
+  transaction with the others: stage transitions, executed cells, settlements and releases of
+  the spend ledger. Losing the tail of these in a crash only means that a resumed run re-creates
+  the transitions and re-runs the cells (which it does anyway).
 
 Two rules keep the journal's guarantees:
 
@@ -29,16 +31,23 @@ Two rules keep the journal's guarantees:
    logs how many records could not be written. The queue is committed at interpreter exit too
    (``atexit``; the writer is a daemon thread).
 
-Group commit: the queues are committed by whichever writer comes first: a durable write (which
-takes the queued records into its own transaction), a reader of this journal (which flushes first,
-so a process always reads what it wrote), ``flush()``, ``close()``, or the journal's background
-writer thread, which commits the queue at most ``WRITE_BEHIND_SECONDS`` after a record was queued
-(so another process tailing the journal, e.g. ``rlm view --live``, sees records that late at
-most). One writer at a time: ``_chain_lock`` is held from taking the queue to committing it.
+Group commit: the queues are committed by whichever writer comes first: a durable write, a
+reader of this journal (which flushes first, so a process always reads what it wrote),
+``flush()``, ``close()``, or the journal's background writer thread, which commits the queue at
+most ``WRITE_BEHIND_SECONDS`` after a record was queued (so another process tailing the journal,
+e.g. ``rlm view --live``, sees records that late at most). One writer at a time: ``_chain_lock``
+is held from taking the queue to committing it. A durable record is queued too, with a slot for
+its row count, and its writer then takes ``_chain_lock``: if a commit made meanwhile (by another
+durable writer, or the background writer) already held it, the slot is filled and nothing is
+left to do; else it commits the queue itself, with every record that arrived while it waited.
+So the replies of a batch of concurrent sub-calls share one commit, or a few.
 
-A sub-call journaled this way costs one small commit on its own path (its reservation, carrying
-the previous call's reply, settlement and cells) instead of seven transactions; its seven
-transitions go in the background writer's next batch.
+A sub-call journaled this way costs two small commits on its own path (its reservation, carrying
+the previous records; its reply, carrying its settlement) instead of seven transactions; its
+seven transitions go in the background writer's next batch.
+
+Faults: every commit runs under ``harness.journal.faults.retrying`` (bounded retries through a
+lost connection, a full disk, a lock); a batch is re-run whole on each attempt.
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
@@ -184,10 +193,35 @@ class WriteBehind(Store):
             q.events[:0] = evs
 
     def _durable(self, item: tuple, *, events: bool = False) -> int:
-        """Commit the queued calls, cells and spend rows, then ``item``, in one transaction
-        (``events``: the queued stage transitions too); return ``item``'s row count. Raises
-        ``JournalError`` (nothing of it committed; the queue is kept)."""
-        return self._commit_queue([item], item[1], events)[-1]
+        """Commit ``item`` with every record queued before it (``events``: the queued stage
+        transitions too; an event item always takes them), sharing the commit with the durable
+        records other threads write at the same time (group commit, see the module docstring).
+        Returns ``item``'s row count (-1: a model call already recorded with another request).
+
+        Raises:
+            JournalError: the commit failed (``JournalUnavailableError`` past the retry limit);
+                ``item`` is not written, the records queued before it stay queued.
+        """
+        if self.closed:
+            raise JournalError(f"journal {self.path} is closed")
+        slot: list[int] = []
+        tagged = item + (slot,)
+        q = self._state()[2]
+        with q.lock:
+            (q.events if item[0] == "event" else q.items).append(tagged)
+        try:
+            with self._chain_lock:
+                if not slot:  # no commit took it while this thread waited: commit the queue
+                    self._commit_queue([], item[1], events or item[0] == "event")
+        except BaseException:
+            with q.lock:  # never written later behind the caller's back
+                for queue in (q.items, q.events):
+                    if any(it is tagged for it in queue):
+                        queue[:] = [it for it in queue if it is not tagged]
+            raise
+        if not slot:  # pragma: no cover - a commit of the queue always takes it
+            raise JournalError(f"journal {self.path}: a record was not committed ({item[1]})")
+        return slot[0]
 
     def flush(self) -> None:
         """Commit every queued record now (one transaction).
@@ -214,8 +248,16 @@ class WriteBehind(Store):
             except BaseException:
                 self._put_back(q, items, evs)
                 raise
+            for it, n in zip(batch, counts):
+                if type(it[-1]) is list:  # a durable record's slot: its writer is done
+                    it[-1].append(n)
         self._log_conflicts(batch, counts)
         return counts
+
+    def _on_reconnect(self) -> None:
+        """A new connection (``Store._on_reconnect``): chain heads are read again from the
+        database (a server's crash may have lost the last commits it acknowledged)."""
+        self._heads.clear()
 
     def _before_read(self) -> None:
         """A reader in this process sees what it wrote: commit the queue first (a failure is
@@ -282,6 +324,7 @@ class WriteBehind(Store):
             def work(conn: Any) -> list[int]:
                 # a stage's row is written once per batch, from its last event (its first_seq
                 # from its first one): an llm_query's seven transitions cost one upsert
+                heads.clear()  # a retried attempt (harness.journal.faults) starts over
                 latest: dict[tuple, list] = {}
                 counts = [self._write_item(conn, it, heads, latest) for it in items]
                 for (run_id, stage_id), (seq, ev, stage) in latest.items():
@@ -347,6 +390,6 @@ class WriteBehind(Store):
         """A queued model call already recorded with another request keeps the first record
         and is logged (a durable ``record_model_call`` raises ``ModelCallConflictError``)."""
         for it, n in zip(items, counts):
-            if n == -1:
+            if n == -1 and type(it[-1]) is not list:  # a durable one raises instead
                 log.error("journal %s: model call %r of run %r is already recorded with another "
                           "request; the first record is kept", self.path, it[5], it[4])

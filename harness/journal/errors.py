@@ -5,6 +5,8 @@ bare ``sqlite3`` error: the store translates those (``harness.journal.store``) a
 original as ``__cause__``. The subclasses below narrow down what happened::
 
     JournalError                 the file cannot be opened, read or written (CLI exit code 2)
+    +-- JournalUnavailableError  the database failed under a running run and stayed down past
+    |                            the retry limit (CLI exit code 9; resume once it is back)
     +-- JournalSchemaError       the file's schema version is one this code cannot use
     +-- JournalCorruptError      not a SQLite database, or damaged beyond recovery
     +-- RunExistsError           create_run with a run id already in the journal
@@ -21,6 +23,7 @@ from harness.errors import HarnessError
 
 __all__ = [
     "JournalError",
+    "JournalUnavailableError",
     "JournalSchemaError",
     "JournalCorruptError",
     "RunExistsError",
@@ -39,6 +42,33 @@ class JournalError(HarnessError):
     """
 
     exit_code = 2
+    #: Whether the failure may pass by itself (a lost connection, a full disk, a lock held by
+    #: another process, a file removed under the run): the store then retries the operation
+    #: for up to its ``retry_seconds`` (``harness.journal.faults``). Set by the store's error
+    #: translation; ``False`` for everything a retry cannot fix (a damaged file, a constraint).
+    transient = False
+
+
+class JournalUnavailableError(JournalError):
+    """The journal's database failed while a run was writing it, and was still failing after
+    the store's bounded retries (``harness.journal.faults``: ``retry_seconds``, 30 s by default).
+
+    The message says what failed last (connection lost, disk full, locked, removed) and what to
+    do. The run stops here: every call it sent was reserved in the journal first, and the
+    records still queued are lost with the process, which only means that a resumed run runs
+    those cells and in-flight calls again. ``rlm resume RUN_ID`` continues it once the database
+    is back. The CLI exits 9 for it: the journal failed, not the input.
+
+    Attributes:
+        seconds: how long the store kept retrying (float, seconds).
+    """
+
+    exit_code = 9
+    transient = False  # the retries are spent: an outer retry must not start over
+
+    def __init__(self, message: str, *, seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class JournalSchemaError(JournalError):

@@ -47,6 +47,10 @@ class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendReco
         stale_after: seconds after which a ``running`` run whose heartbeat has not been refreshed
             counts as crashed (``get_run``'s ``state``, ``claim_run``). Default 10.
         busy_timeout: seconds a write waits for another process's lock before failing. Default 30.
+        retry_seconds: seconds an operation is retried through a transient fault of the
+            database under a run (a lost connection, a full disk, a lock, a removed file);
+            ``None``: ``$RLM_JOURNAL_RETRY_SECONDS``, else 30; ``0``: one attempt
+            (``harness.journal.faults``).
 
     Raises:
         JournalCorruptError: the file is not a SQLite database, or is damaged.
@@ -54,6 +58,8 @@ class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendReco
             or it is not an rlm journal; nothing is modified.
         JournalError: the file or its directory cannot be created, opened or written (read-only,
             disk full, locked for longer than ``busy_timeout``); the server cannot be reached.
+            Under a run, a transient fault that outlasts ``retry_seconds`` raises its subclass
+            ``JournalUnavailableError`` (CLI exit code 9).
 
     All timestamps are unix seconds (``float``, ``time.time()``). All methods raise
     ``JournalError`` (or a subclass) on a storage failure, never a driver's own error, and

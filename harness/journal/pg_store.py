@@ -12,6 +12,12 @@ this module holds only what PostgreSQL does differently:
 - append-only ``events`` and ``cells`` are enforced by triggers (``UPDATE``, ``DELETE`` and
   ``TRUNCATE`` raise);
 - driver errors become ``JournalError`` naming the server (never the password);
+- a lost connection (the server restarted, a network cut) is opened again: every operation
+  runs under ``harness.journal.faults.retrying``, so a statement that failed on a connection
+  the server dropped is re-run, whole, on a new one once the server answers again (for up to
+  ``retry_seconds``); a lock timeout, a serialization failure or a server out of disk space is
+  retried the same way. Only the first connection is not retried: a server that cannot be
+  reached when the journal is opened is an error at once;
 - durability as SQLite's WAL mode: ``synchronous_commit = off`` for the journal's session, so a
   committed write survives the crash of the writing process (SIGKILL included) at once and a
   crash of the server after its WAL writer's next flush (~0.2 s), without an fsync wait per
@@ -34,6 +40,7 @@ from typing import Any, Callable, TypeVar
 
 from harness.journal import schema
 from harness.journal.errors import JournalError
+from harness.journal.faults import retry_limit, retrying
 
 from harness.journal.store import (
     _DEFAULT_BUSY_TIMEOUT,
@@ -48,6 +55,9 @@ __all__ = ["PostgresStore", "is_postgres_url", "redact"]
 
 _T = TypeVar("_T")
 _SCHEMA_LOCK = 0x524C4D4A  # advisory lock key held while creating or migrating the schema
+# SQLSTATE classes a retry cannot get past although psycopg raises them as OperationalError:
+# bad credentials (28), a database that does not exist (3D)
+_NOT_TRANSIENT = ("28", "3D")
 
 
 def is_postgres_url(spec: Any) -> bool:
@@ -88,6 +98,9 @@ class PostgresStore(Store):
         stale_after: seconds before a silent ``running`` run counts as crashed.
         busy_timeout: seconds a statement waits for a lock (``lock_timeout``) and for the
             connection (``connect_timeout``) before failing.
+        retry_seconds: seconds an operation is retried (reconnecting) through a lost
+            connection or another transient fault; ``None``: ``$RLM_JOURNAL_RETRY_SECONDS``,
+            else 30 (``harness.journal.faults``).
 
     Raises:
         JournalSchemaError: the database holds tables but is not an rlm journal, or an unusable
@@ -98,11 +111,13 @@ class PostgresStore(Store):
     dialect = "postgresql"
 
     def __init__(self, url: str, *, stale_after: float = _DEFAULT_STALE_AFTER,
-                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT,
+                 retry_seconds: float | None = None) -> None:
         self.url = url
         self.path = redact(url)  # type: ignore[assignment]  # named in messages like a path
         self.stale_after = float(stale_after)
         self.busy_timeout = float(busy_timeout)
+        self.retry_seconds = retry_limit(retry_seconds)
         self._lock = threading.Lock()
         self._closed = False
         self._heartbeats = []
@@ -164,6 +179,12 @@ class PostgresStore(Store):
                 self._conn = self._open()  # the parent's socket is left alone
         if self._closed:
             raise JournalError(f"journal {self.path} is closed")
+        raw = self._conn.raw
+        if raw.closed or raw.broken:  # the server dropped it: open a new one (or fail, transient)
+            raw.close()
+            self._conn = self._open()
+            self._on_reconnect()
+            log.warning("journal %s: connected again", self.path)
         return self._conn
 
     @property
@@ -196,33 +217,42 @@ class PostgresStore(Store):
     def _write1(self, action: str, sql: str, params: tuple,
                 on_duplicate: Callable[[], JournalError] | None = None) -> int:
         import psycopg
-        with self._lock:
-            conn = self._connection()
-            try:
-                return conn.execute(sql, params).rowcount
-            except psycopg.errors.UniqueViolation as exc:
-                if on_duplicate is None:
+
+        def once() -> int:
+            with self._lock:
+                conn = self._connection()
+                try:
+                    return conn.execute(sql, params).rowcount
+                except psycopg.errors.UniqueViolation as exc:
+                    if on_duplicate is None:
+                        raise self._translate(exc, action) from exc
+                    raise on_duplicate() from exc
+                except psycopg.Error as exc:
                     raise self._translate(exc, action) from exc
-                raise on_duplicate() from exc
-            except psycopg.Error as exc:
-                raise self._translate(exc, action) from exc
+        return retrying(self, action, once)
 
     def _read(self, action: str, sql: str, params: tuple) -> list[tuple]:
         import psycopg
         self._before_read()
-        with self._lock:
-            conn = self._connection()
-            try:
-                return conn.execute(sql, params).fetchall()
-            except psycopg.Error as exc:
-                raise self._translate(exc, action) from exc
+
+        def once() -> list[tuple]:
+            with self._lock:
+                conn = self._connection()
+                try:
+                    return conn.execute(sql, params).fetchall()
+                except psycopg.Error as exc:
+                    raise self._translate(exc, action) from exc
+        return retrying(self, action, once)
 
     def _transaction(self, action: str, work: Callable[[Any], _T], *,
                      immediate: bool = True) -> _T:
         if not immediate:
             self._before_read()
-        with self._lock:
-            return self._run(self._connection(), action, work, immediate=immediate)
+
+        def once() -> _T:
+            with self._lock:
+                return self._run(self._connection(), action, work, immediate=immediate)
+        return retrying(self, action, once)
 
     def _run(self, conn: _Conn, action: str, work: Callable[[Any], _T], *,
              immediate: bool) -> _T:
@@ -258,18 +288,29 @@ class PostgresStore(Store):
 
     def _translate(self, exc: Exception, action: str) -> JournalError:
         import psycopg
+        err = self._describe(exc, action)
+        state = getattr(exc, "sqlstate", None) or ""
+        # a dropped connection, a server starting or shutting down, a lock timeout, a full
+        # disk (class 53), a serialization failure or deadlock (class 40) may pass
+        err.transient = (isinstance(exc, (psycopg.OperationalError,
+                                          psycopg.errors.TransactionRollback))
+                         and not state.startswith(_NOT_TRANSIENT))
+        return err
+
+    def _describe(self, exc: Exception, action: str) -> JournalError:
+        import psycopg
         if len(action) > 200:
             action = action[:197] + "..."
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, psycopg.errors.LockNotAvailable):  # an OperationalError too
+            return JournalError(
+                f"cannot {action}: journal {self.path} stayed locked for more than "
+                f"{self.busy_timeout:g} s ({text}); retry, or stop the session holding it.")
         if isinstance(exc, psycopg.OperationalError):
             return JournalError(
                 f"cannot {action}: PostgreSQL journal {self.path} is unreachable or refused the "
                 f"connection ({text}). Check the server, the URL in --journal / RLM_JOURNAL and "
                 f"the credentials (a password can come from ~/.pgpass or PGPASSWORD).")
-        if isinstance(exc, psycopg.errors.LockNotAvailable):
-            return JournalError(
-                f"cannot {action}: journal {self.path} stayed locked for more than "
-                f"{self.busy_timeout:g} s ({text}); retry, or stop the session holding it.")
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return JournalError(
                 f"cannot {action}: the user of journal {self.path} lacks a privilege ({text}); "

@@ -165,7 +165,10 @@ class ModelCallRecords(WriteBehind):
                 recorded ones, so a later replay follows what the run really did). Default
                 ``False``: a recorded call is never silently changed.
             behind: queue it (written behind, see ``harness.journal.behind``) and return
-                ``True``; a conflict found when it is committed is logged, not raised.
+                ``True``; a conflict found when it is committed is logged, not raised. Without
+                it (what a run does: a reply is in the journal before anything acts on it)
+                the call is committed before this returns, in one commit with the other
+                durable records written at the same time (group commit).
 
         Returns:
             ``True`` if recorded; ``False`` if the same ``(run_id, call_id)`` was already recorded

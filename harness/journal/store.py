@@ -21,6 +21,13 @@ SQLite, as configured here:
   the same file (SQLite file locks, ``BEGIN IMMEDIATE``, a busy timeout).
 - A file is inspected before anything is changed: a foreign, newer or unmigratable file is
   refused untouched (``JournalSchemaError``).
+- Faults under a running run (``harness.journal.faults``, ``file_guard``): a full disk, a
+  lock held past the busy timeout, an I/O error are retried for up to ``retry_seconds``.
+  Before each write the file's identity is checked (one ``stat``): a file removed or moved
+  away under the run is restored at its path from the open connection (SQLite's backup API:
+  every committed record is in the copy) and the run goes on; a file replaced by another one
+  is not written: this process's copy is saved beside it and the write fails
+  (``JournalUnavailableError``).
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
@@ -38,6 +45,8 @@ from typing import Any, Callable, TypeVar
 
 from harness.journal import schema
 from harness.journal.errors import JournalCorruptError, JournalError
+from harness.journal import file_guard
+from harness.journal.faults import retry_limit, retrying
 
 __all__ = ["Store", "SQLiteStore", "default_journal_path", "host_name", "boot_id"]
 
@@ -47,7 +56,7 @@ log = logging.getLogger("harness.journal")
 _DEFAULT_STALE_AFTER = 10.0
 _DEFAULT_BUSY_TIMEOUT = 30.0
 
-# SQLite primary result codes (extended code & 0xFF).
+# SQLite primary result codes (extended code & 0xFF), and the extended ones told apart.
 _SQLITE_PERM = 3
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
@@ -57,6 +66,11 @@ _SQLITE_CORRUPT = 11
 _SQLITE_FULL = 13
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
+_SQLITE_READONLY_DBMOVED = 1032
+#: Failures a retry may get past (``JournalError.transient``): another writer's lock, a full
+#: disk, an I/O error, a file that cannot be opened (removed with its directory).
+_TRANSIENT = frozenset({_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL, _SQLITE_IOERR,
+                        _SQLITE_CANTOPEN})
 
 _S = TypeVar("_S", bound="SQLiteStore")
 _T = TypeVar("_T")
@@ -105,6 +119,9 @@ class Store(ABC):
         stale_after: seconds after which a ``running`` run whose heartbeat was not refreshed
             counts as crashed.
         busy_timeout: seconds a write waits for another writer's lock before failing.
+        retry_seconds: seconds an operation is retried through a transient fault
+            (``harness.journal.faults``; 0: one attempt).
+        _gave_up: the last operation spent the retry limit; the next ones try once.
         _host: this host's name (``host_name()``), recorded as a run's owner host.
         _boot: this host's boot id (``boot_id()``), recorded with it.
         _heartbeats: the running ``Heartbeat`` threads, stopped by ``close()``.
@@ -118,10 +135,17 @@ class Store(ABC):
     path: Path
     stale_after: float
     busy_timeout: float
+    retry_seconds: float = 30.0
+    _gave_up: bool = False
     _host: str
     _boot: str = ""
     _heartbeats: list[Any]
     dialect: str = "sqlite"
+
+    def _on_reconnect(self) -> None:
+        """Called when the store opened a new connection under a run (a reconnect, a restored
+        file): state cached from the old one (the chain heads of ``behind``) is dropped.
+        Nothing by default."""
 
     def _before_read(self) -> None:
         """Called before every read: a store that queues writes commits them here (the
@@ -174,6 +198,8 @@ class SQLiteStore(Store):
             directories are created. ``":memory:"`` is refused.
         stale_after: seconds (``float``) before a silent ``running`` run counts as crashed.
         busy_timeout: seconds (``float``) a write waits for another process's lock.
+        retry_seconds: seconds (``float``) an operation is retried through a transient fault
+            (full disk, lock, I/O error); ``None``: ``$RLM_JOURNAL_RETRY_SECONDS``, else 30.
         read_only: open an existing journal for reading only (a file or directory this
             process may not write, a read-only mount): SQLite's ``mode=ro``, and where the
             WAL index cannot be created beside it, ``immutable=1`` (SQLite's URI parameters:
@@ -193,16 +219,21 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
                  stale_after: float = _DEFAULT_STALE_AFTER,
-                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT, read_only: bool = False) -> None:
+                 busy_timeout: float = _DEFAULT_BUSY_TIMEOUT, read_only: bool = False,
+                 retry_seconds: float | None = None) -> None:
         if path is not None and str(path) == ":memory:":
             raise JournalError("an in-memory journal is not supported (resume needs a file); "
                                "pass a file path, e.g. in a temporary directory")
         self.path = Path(path).expanduser() if path is not None else default_journal_path()
         self.stale_after = float(stale_after)
         self.busy_timeout = float(busy_timeout)
+        self.retry_seconds = retry_limit(retry_seconds)
         self._lock = threading.Lock()
         self._closed = False
         self._heartbeats = []
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file written
+        self._detached: JournalError | None = None  # set once the file was replaced
+        self._restored: sqlite3.Connection | None = None  # the closed connection, until reopened
         self._orphans: list[sqlite3.Connection] = []  # connections inherited across fork()
         self._host = host_name()
         self._boot = boot_id()
@@ -224,6 +255,7 @@ class SQLiteStore(Store):
             raise JournalError(f"journal path {self.path} is a directory; pass a file path such "
                                f"as {self.path / 'journal.sqlite3'}")
         self._conn = self._open()
+        self._ident = file_guard.identity(self.path)
 
     # ---- opening: inspect, refuse or migrate, configure -----------------------------------
 
@@ -337,6 +369,7 @@ class SQLiteStore(Store):
             conn = self._open()
             self._orphans.append(self._conn)
             self._conn = conn
+            self._ident = file_guard.identity(self.path)
         self._pid = os.getpid()
 
     @property
@@ -370,48 +403,69 @@ class SQLiteStore(Store):
 
     def _write1(self, action: str, sql: str, params: tuple,
                 on_duplicate: Callable[[], JournalError] | None = None) -> int:
-        """One statement in its own (autocommit) transaction; returns the rowcount."""
-        with self._locked():
-            conn = self._connection()
-            try:
-                return conn.execute(sql, params).rowcount
-            except sqlite3.IntegrityError as exc:
-                if on_duplicate is None:
+        """One statement in its own (autocommit) transaction; returns the rowcount. Retried
+        through transient faults (``harness.journal.faults``)."""
+        def once() -> int:
+            with self._locked():
+                conn = self._writable()
+                try:
+                    return conn.execute(sql, params).rowcount
+                except sqlite3.IntegrityError as exc:
+                    if on_duplicate is None:
+                        raise self._translate(exc, action) from exc
+                    raise on_duplicate() from exc
+                except sqlite3.Error as exc:
                     raise self._translate(exc, action) from exc
-                raise on_duplicate() from exc
-            except sqlite3.Error as exc:
-                raise self._translate(exc, action) from exc
+        return retrying(self, action, once)
 
     def _read(self, action: str, sql: str, params: tuple) -> list[tuple]:
         """One reading statement; its rows (``fetchall()``)."""
         self._before_read()
-        with self._locked():
-            conn = self._connection()
-            try:
-                return conn.execute(sql, params).fetchall()
-            except sqlite3.Error as exc:
-                raise self._translate(exc, action) from exc
+
+        def once() -> list[tuple]:
+            with self._locked():
+                conn = self._connection()
+                try:
+                    return conn.execute(sql, params).fetchall()
+                except sqlite3.Error as exc:
+                    raise self._translate(exc, action) from exc
+        return retrying(self, action, once)
 
     def _transaction(self, action: str, work: Callable[[sqlite3.Connection], _T], *,
                      immediate: bool = True) -> _T:
         """``BEGIN [IMMEDIATE]``, ``work(conn)``, ``COMMIT``, holding the lock; rolled back on any
-        exception, a ``sqlite3`` error raised as the ``JournalError`` for ``action``. (A plain
-        call rather than a context manager: it runs three times per journaled stage, and a
-        generator-based ``with`` costs about 2 us more each time.)"""
+        exception, a ``sqlite3`` error raised as the ``JournalError`` for ``action``. A
+        transient fault re-runs the whole transaction (``harness.journal.faults``)."""
         if not immediate:
             self._before_read()
-        with self._locked():
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
-                result = work(conn)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise self._translate(exc, action) from exc
-                raise
-            return result
+
+        def once() -> _T:
+            with self._locked():
+                conn = self._writable() if immediate else self._connection()
+                try:
+                    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+                    result = work(conn)
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    _rollback(conn)
+                    if isinstance(exc, sqlite3.Error):
+                        raise self._translate(exc, action) from exc
+                    raise
+                return result
+        return retrying(self, action, once)
+
+    def _writable(self) -> sqlite3.Connection:
+        """The connection to write through, under ``_locked()``, once the file at ``path`` is
+        checked to be the one it writes (``harness.journal.file_guard``: a removed file is
+        restored first, a replaced one raises ``JournalUnavailableError``)."""
+        return file_guard.checked(self)
+
+    def _reopen(self) -> sqlite3.Connection:
+        """Open the restored file (``file_guard``); a failure is retried at the next write."""
+        self._conn = self._open()
+        self._restored = None
+        self._on_reconnect()
+        return self._conn
 
     def integrity_check(self, *, quick: bool = False) -> list[str]:
         """Run SQLite's ``integrity_check`` (or the faster ``quick_check``) over the whole file.
@@ -432,6 +486,15 @@ class SQLiteStore(Store):
     def _translate(self, exc: sqlite3.Error, action: str) -> JournalError:
         """The ``JournalError`` (or ``JournalCorruptError``) saying that ``action`` failed with
         ``exc``, why (from SQLite's result code or message) and what to do; not raised here."""
+        err = self._describe(exc, action)
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = code & 0xFF if isinstance(code, int) else None
+        # a lock, a full disk, an I/O error may pass; a file moved away is restored next time
+        err.transient = (primary in _TRANSIENT or code == _SQLITE_READONLY_DBMOVED) \
+            and not isinstance(err, JournalCorruptError)
+        return err
+
+    def _describe(self, exc: sqlite3.Error, action: str) -> JournalError:
         if len(action) > 200:
             action = action[:197] + "..."
         code = getattr(exc, "sqlite_errorcode", None)

@@ -670,7 +670,10 @@ def test_destroyed_schema_page_gives_clear_error(jpath):
             j.get_run("r")
 
 
-def test_disk_full_gives_clear_error(j):
+def test_disk_full_gives_clear_error(jpath):
+    # one attempt (retry_seconds=0): the retries through a disk that fills up under a run are
+    # tests/faults/test_journal_faults_jrnl.py's
+    j = Journal(jpath, retry_seconds=0)
     j.create_run("r", query="q", model="m")
     pages = j._conn.execute("PRAGMA page_count").fetchone()[0]
     j._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite then reports SQLITE_FULL
@@ -681,6 +684,7 @@ def test_disk_full_gives_clear_error(j):
         j.record_event(event("r", stage("r", "s", "pending", evidence="z" * 200_000), None,
                              "pending"))
     assert j.events("r") == [] and j.cells("r") == []
+    j.close()
 
 
 def test_read_only_gives_clear_error(j):
@@ -1074,7 +1078,7 @@ def test_queued_records_reach_the_file_on_their_own_and_readers_see_them(jpath):
 
 
 def test_a_failed_batch_is_kept_and_the_next_reservation_fails(jpath, caplog):
-    j = Journal(jpath, busy_timeout=0.2)
+    j = Journal(jpath, busy_timeout=0.2, retry_seconds=0)  # a lock outlasting every retry
     try:
         j.create_run("wb", query="q", model="m")
         _queue_one_call(j, "wb", 0)
