@@ -212,6 +212,12 @@ def _error_of(exc: BaseException) -> APIError:
         return APIError(409, str(exc), "run_failed", code="divergence")
     if isinstance(exc, (ConfigError, ContextError)):
         return APIError(400, str(exc))
+    from harness.journal.errors import JournalError, JournalUnavailableError
+    if isinstance(exc, JournalUnavailableError):  # the run resumes once its database is back
+        return APIError(503, str(exc), "server_error", code="journal_unavailable",
+                        retryable=True)
+    if isinstance(exc, JournalError):
+        return APIError(500, str(exc), "server_error", code="journal_error")
     if isinstance(exc, EndpointError):
         return _upstream_error(exc)
     if isinstance(exc, RLMError):

@@ -510,3 +510,20 @@ def test_a_retry_without_a_journal_is_refused_rather_than_run_twice():
             assert len(srv.requests) == n  # not run twice
             fresh = client.post("/v1/chat/completions", json=body)  # a new call: served
             assert fresh.status_code == 200
+
+
+def test_a_journal_that_fails_under_a_run_is_a_retryable_503_not_an_internal_error():
+    """A journal failure is the server's database, not the client's request nor a bug: 503
+    ``journal_unavailable`` (the run resumes from the journal once it is back) with
+    ``x-should-retry: true``; another journal error is a 500 naming the journal."""
+    from harness.journal.errors import JournalError, JournalUnavailableError
+    from rlm.serve_errors import _error_of
+    err = _error_of(JournalUnavailableError("cannot record the reply: journal j.sqlite3 is "
+                                            "locked; resume once it is back"))
+    assert err.status == 503
+    assert err.body["error"]["code"] == "journal_unavailable"
+    assert err.headers["x-should-retry"] == "true"
+    assert "locked" in err.body["error"]["message"]
+    other = _error_of(JournalError("journal j.sqlite3 is not a database"))
+    assert other.status == 500 and other.body["error"]["code"] == "journal_error"
+    assert "internal error" not in other.body["error"]["message"]
