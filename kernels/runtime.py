@@ -8,23 +8,32 @@ token; the host checks the token *and* the connecting process id, so nothing
 the model's code rewrites here (globals, environment, this module) can change
 its depth, its budget scope, or let it act as another kernel.
 
+Each thread, and each process a cell forks or spawns, has its own connection to the host
+(:func:`_connection`), so answers never cross; a process started afresh finds the bridge in the
+environment (:data:`BRIDGE_ENV`). Binding also seeds the kernel's chance (:mod:`kernels.chance`)
+and makes ``asyncio.run`` work in a cell (:mod:`kernels.idioms`).
+
 After every cell (and before the host reads the answer) everything the host relies on in
-the kernel is put back: the reserved names, this module's handle, builtins, the modules of
-``sys.modules``, output capture, the message packer (see "restoring" below), so no cell can
-break the next one or the answer path. The batched functions refuse one str/bytes/dict
-(``TypeError``, nothing sent). Wire format, op names, error kinds: :mod:`kernels.protocol`.
+the kernel is put back: this module's own bindings and registries, the reserved names, this
+module's handle, builtins, the modules of ``sys.modules``, output capture, the message packer
+(see "restoring" below), so no cell can break the next one or the answer path. The batched
+functions refuse one str/bytes/dict (``TypeError``, nothing sent). Wire format, op names, error
+kinds: :mod:`kernels.protocol`.
 """
 from __future__ import annotations
 
 import builtins
 import json
+import os
 import socket
 import sys
 import threading
 from collections.abc import Mapping
 
 from harness.text import clean_text
-from kernels.bundle import ContextChanged, read_bundle
+from kernels.bundle import ContextChanged, load_context, read_text  # noqa: F401 (names kept)
+from kernels.chance import seed_kernel
+from kernels.idioms import install as install_idioms
 from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, checked_value,
                               decode_error, encode_frame, final_value, is_error_item,
                               recv_message, request, schema_dict)
@@ -38,7 +47,17 @@ _STATE = _OLD.get("_STATE") or threading.local()
 _CONF: dict = _OLD.get("_CONF", {})
 #: What :func:`_restore` puts back after every cell; filled in by :func:`bind`.
 _SNAP: dict = _OLD.get("_SNAP", {})
+#: What :func:`_restore` repairs the module from first (see :func:`_seal`).
+_VAULT: dict = _OLD.get("_VAULT", {})
 del _OLD
+
+#: The environment variable :func:`bind` sets to the JSON of ``{"socket", "token"}``, so a
+#: process a cell starts afresh (``spawn``) reaches the bridge as a descendant of the kernel.
+BRIDGE_ENV = "RLM_KERNEL_BRIDGE"
+# what the bridge client needs, taken now: a cell that rebinds socket.socket or os.getpid
+# must not cut the kernel off its host (these bindings are restored after every cell)
+_Socket, _AF_UNIX, _SOCK_STREAM = socket.socket, socket.AF_UNIX, socket.SOCK_STREAM
+_getpid, _environ = os.getpid, os.environ
 
 
 class RLMKernelError(Exception):
@@ -96,12 +115,44 @@ def _decode_error(err: dict) -> BaseException:
 
 
 def _connection() -> socket.socket:
+    """This thread's connection to the bridge, in this process.
+
+    One per thread (a reply is read by the thread that asked) and per process: a process the
+    cell forked (``os.fork``, a fork-started ``multiprocessing`` pool) inherits its parent's
+    socket object, and two processes writing one stream interleave their requests and read
+    each other's replies. So a connection made by another process is dropped (closing only
+    this process's copy) and a new one opened; the bridge authenticates it as the kernel's
+    descendant.
+    """
     sock = getattr(_STATE, "sock", None)
+    if sock is not None and getattr(_STATE, "pid", None) != _getpid():
+        _STATE.sock = None
+        try:
+            sock.close()
+        except OSError:
+            pass
+        sock = None
     if sock is None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(_CONF["socket"])
-        _STATE.sock = sock
+        sock = _Socket(_AF_UNIX, _SOCK_STREAM)
+        sock.connect(_conf()["socket"])
+        _STATE.sock, _STATE.pid = sock, _getpid()
     return sock
+
+
+def _conf() -> dict:
+    """The bridge's socket and this kernel's token: bound by :func:`bind`, or, in a process
+    started afresh by a cell (a ``spawn``/``forkserver`` pool), read from the environment
+    :func:`bind` set (:data:`BRIDGE_ENV`). Raises SubcallError when neither has them."""
+    if not _CONF:
+        raw = _environ.get(BRIDGE_ENV)
+        try:
+            got = json.loads(raw) if raw else None
+            _CONF.update(socket=str(got["socket"]), token=str(got["token"]))
+        except (TypeError, ValueError, KeyError):
+            raise SubcallError("this process is not connected to an RLM kernel's bridge: "
+                               "call llm_query/rlm from the kernel, or from a process it "
+                               "started") from None
+    return _CONF
 
 
 def _call(op: str, **args):
@@ -110,7 +161,7 @@ def _call(op: str, **args):
     Raises the decoded in-kernel exception if the host answered with an error, and
     ConnectionError if the host closed the connection.
     """
-    frame = encode_frame(request(_CONF["token"], op, args))
+    frame = encode_frame(request(_conf()["token"], op, args))
     sock = _connection()
     try:
         sock.sendall(frame)
@@ -227,10 +278,21 @@ def rlm_batched(prompts, query=None, model=None, return_exceptions=False, schema
 
 
 def FINAL(value):
-    """Set the run's answer to ``str(value)``. Only executed code can end a run."""
+    """Set the run's answer to ``str(value)``. Only executed code can end a run.
+
+    Returns what the model reads (str). When the host checks answers (an answer schema, a
+    verify gate, ``rlm(..., schema=)``), the value is *submitted*: the host checks it when the
+    cell ends and says so if it does not accept it; the text says that, not "recorded".
+    """
+    if _CONF.get("pid") != _getpid():  # a forked or spawned process: its answer goes nowhere
+        raise RLMKernelError("FINAL was called in a process the cell started, which cannot "
+                             "end the run: return the value to the kernel and call FINAL there")
     _FINAL.clear()
     _FINAL["answer"] = clean_text(value if isinstance(value, str) else repr(value) if not isinstance(
         value, (int, float)) else str(value))
+    if _CONF.get("checked"):
+        return ("FINAL answer submitted: it is checked when this cell ends, and you will be "
+                "told if it is not accepted.")
     return "FINAL answer recorded."
 
 
@@ -316,8 +378,42 @@ def _put_back(target: dict, snapshot: dict, skip=()) -> None:
             target[k] = v
 
 
-def _restore(*_args) -> None:
-    """Put back everything the host relies on in the kernel (see above). Never raises."""
+def _repair(vault: dict) -> None:
+    """This module's bindings and registries as :func:`_seal` recorded them (see
+    :func:`_restore`); an answer a cell's ``FINAL`` wrote into a rebound ``_FINAL`` is kept.
+    The bindings come first: what follows may use builtins a cell replaced."""
+    if not vault:
+        return
+    mine, now = vault["module"], vault["self"].__dict__
+    box, kept = now.get("_FINAL"), mine["_FINAL"]
+    for k, v in mine.items():
+        if now.get(k, vault) is not v:
+            now[k] = v
+    if box is not kept and box.__class__ is kept.__class__ and "answer" in box:
+        kept["answer"] = box["answer"]
+    for name, copy in vault["registries"].items():
+        reg = mine[name]
+        if reg != copy:
+            reg.clear()
+            reg.update({k: (v.copy() if v.__class__ is kept.__class__ else v)
+                        for k, v in copy.items()})
+    sock = getattr(mine["_STATE"], "sock", None)
+    if sock is not None and type(sock) is not mine["_Socket"]:
+        mine["_STATE"].sock = None  # a cell put something else there: the next call reconnects
+
+
+def _restore(*_args, _vault=_VAULT, _repair=_repair) -> None:
+    """Put back everything the host relies on in the kernel (see above). Never raises.
+
+    It starts from :data:`_VAULT`, which it holds itself (a default argument, not a global a
+    cell can rebind): this module's own bindings, then the contents of its registries
+    (``RESERVED``, ``_CONF``, ``_SNAP``), so a cell that empties, rebinds or deletes any of
+    them, or this function, disables nothing after it.
+    """
+    try:
+        _repair(_vault)
+    except Exception:
+        pass
     if not _SNAP:
         return
     for step in (_restore_modules, _restore_namespace, _restore_kernel):
@@ -325,6 +421,16 @@ def _restore(*_args) -> None:
             step()
         except Exception:
             pass
+
+
+def _seal() -> None:
+    """Record what :func:`_repair` puts back: this module's dict and its registries' contents
+    (copies, one level deep). Called by :func:`bind` once everything is bound."""
+    self = sys.modules[__name__]
+    _VAULT.clear()
+    _VAULT.update(self=self, module=dict(vars(self)), registries={
+        name: {k: (dict(v) if type(v) is dict else v) for k, v in reg.items()}
+        for name, reg in (("RESERVED", RESERVED), ("_CONF", _CONF), ("_SNAP", _SNAP))})
 
 
 def _restore_modules() -> None:
@@ -413,7 +519,7 @@ def _snapshot(ip) -> None:
     )
 
 
-def take_final():
+def take_final(*, _restore=_restore):
     """Host-side helper: restore the kernel's plumbing, then pop the answer FINAL set, as JSON.
 
     Returns the JSON text of ``{"answer": str}`` (see :func:`kernels.protocol.final_value`),
@@ -438,60 +544,8 @@ except ImportError:  # pragma: no cover - jupyter_client is a dependency
 _install_packer()
 
 
-def load_context(path: str, fmt: str, size: int | None = None):
-    """Read the context file written by the host: ``fmt`` is ``"text"``, ``"json"`` or
-    ``"bundle"`` (a many-file context's manifest: :mod:`kernels.bundle`).
-
-    ``size``: the bytes the host loaded from the file (a user's file read in place), or None.
-
-    Returns the text (str), the decoded JSON value, or the bundle's dict. Raises OSError if
-    a file cannot be read, ValueError if it is not UTF-8 (text) or not JSON (json),
-    ContextChanged if a file changed since the host loaded it (another size).
-    """
-    if fmt == "bundle":
-        return read_bundle(path)
-    if fmt == "json":
-        with open(path, "rb") as f:
-            data = f.read()
-        _check_size(path, len(data), size)
-        return json.loads(data)  # the host wrote it clean (see rlm.context.load)
-    return read_text(path, size)
-
-
-def _check_size(path: str, got: int, size: int | None) -> None:
-    if size is not None and got != size:
-        raise ContextChanged(f"context file {path} changed since it was loaded ({got} bytes "
-                             f"now, {size} then)")
-
-
-def read_text(path: str, size: int | None = None) -> str:
-    """The UTF-8 text of the file at ``path``, exactly (no newline translation, a BOM kept).
-
-    The file is memory-mapped and decoded in one pass: its bytes are copied once, into the
-    ``str``, not first into a ``bytes`` buffer (a 50 MB context loads in about half the time
-    of a buffered read). An empty file, or one that cannot be mapped, is read plainly.
-
-    ``size``: the bytes expected (the host's reading of a user's file), or None.
-
-    Raises:
-        OSError: the file cannot be opened or read. ValueError (UnicodeDecodeError): it is
-        not UTF-8. ContextChanged: it does not hold ``size`` bytes.
-    """
-    import mmap
-    with open(path, "rb") as f:
-        try:
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (ValueError, OSError):  # empty, or not mappable (a pipe, some filesystems)
-            data = f.read()
-            _check_size(path, len(data), size)
-            return data.decode("utf-8")
-        with m:
-            _check_size(path, len(m), size)
-            return str(m, "utf-8")
-
-
 def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text",
-         size: int | None = None) -> str:
+         size: int | None = None, checked: bool = False) -> str:
     """Bind this kernel to one RLM instance: its bridge, its secret and its ``context``.
 
     Called once per kernel by the host, through :func:`kernels.protocol.bind_code`.
@@ -503,11 +557,14 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
         fmt: ``"text"``, ``"json"`` or ``"bundle"`` (see :func:`load_context`).
         size: the context file's size when the host loaded it, or None (see
             :func:`load_context`).
+        checked: the host checks this instance's FINAL value (an answer schema or gate):
+            :func:`FINAL` then says the value was submitted, not recorded.
 
     Returns a short description for the host's log (str). Raises what
     :func:`load_context` raises.
     """
-    _CONF.update(socket=socket_path, token=token)
+    _CONF.update(socket=socket_path, token=token, checked=bool(checked), pid=_getpid())
+    _environ[BRIDGE_ENV] = json.dumps({"socket": socket_path, "token": token})
     _STATE.sock = None
     ctx = load_context(context_path, fmt, size) if context_path else None
     ip = _ip()
@@ -527,7 +584,10 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
     # exit()/quit() would stop the kernel 0.1 s after the cell, racing whatever cell comes next;
     # the REPL stays up instead (a run ends only through FINAL)
     ip.ask_exit = _ignore_exit
+    install_idioms()  # asyncio.run(main()) works in a cell (kernels.idioms)
+    seed_kernel()  # random (and NumPy, once imported) seeded with the run's seed (kernels.chance)
     _snapshot(ip)
+    _seal()
     _restore()
     return f"context bound: {type(ctx).__name__}"
 

@@ -21,7 +21,8 @@ def kernels_ahead(options: dict) -> int:
 
 def sandbox_of(options: Mapping[str, Any]):
     """The :class:`kernels.bwrap.SandboxSpec` of a run with these options (``sandbox``,
-    ``kernel_network``, ``kernel_memory_mb``, ``kernel_processes``, ``kernel_disk_mb``); a
+    ``kernel_network``, ``kernel_memory_mb``, ``kernel_processes``, ``kernel_disk_mb``,
+    ``kernel_seed``); a
     value of the wrong type counts as its default (the run's own validation reports it)."""
     from kernels.bwrap import MODES, SandboxSpec
     base = SandboxSpec()
@@ -36,4 +37,4 @@ def sandbox_of(options: Mapping[str, Any]):
                        network=pick("kernel_network", base.network, bool),
                        memory_mb=pick("kernel_memory_mb", base.memory_mb, int),
                        processes=pick("kernel_processes", base.processes, int),
-                       disk_mb=disk, file_mb=disk)
+                       disk_mb=disk, file_mb=disk, seed=pick("kernel_seed", base.seed, int))

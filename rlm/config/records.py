@@ -89,6 +89,15 @@ def find_run(journal, run_id: str) -> dict:
     return rec
 
 
+def recorded_chance(record: dict) -> dict:
+    """The options that fix a recorded run's kernels' chance as it ran (``kernel_seed``: the
+    hash seed, :mod:`random`, NumPy; see :mod:`kernels.chance`), for a resume of it: whatever
+    is given now, a resumed run's cells must take the same path. ``{}`` for a run recorded
+    before the seed was (its kernels ran with a random hash seed: nothing can repeat it)."""
+    seed = (record.get("options") or {}).get("kernel_seed")
+    return {"kernel_seed": seed} if isinstance(seed, int) and not isinstance(seed, bool) else {}
+
+
 def stored_source(record: dict) -> Any:
     """Where a recorded run's context was loaded from: a Path, a list of Paths (a directory,
     glob or several paths), or None (a value or stdin)."""

@@ -50,7 +50,7 @@ together with the question, never the whole `context`.
 {rlm_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives \
 the value of the variable `name` as the final answer.
 - `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
-
+{kernel_line}
 Rules:
 1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
 2. Never print all of `context`, and never assign to `context`.
@@ -115,8 +115,9 @@ a list of strings in the same order. Prefer it to a loop of `llm_query` calls.
 {rlm_line}- `FINAL(answer)`: submit the final answer and stop. `FINAL_VAR("name")` submits the \
 value of a variable.
 - `print(...)`: output longer than {max_output} characters is cut, so print summaries, \
-counts and short slices.
-
+counts and short slices. What you `display(...)` reaches you as text (Markdown, tables); \
+images do not.
+{kernel_line}
 How to work:
 1. Look before you plan: print the type and length of `context`, a short slice of its start, \
 and for a list or dict a few items, so you know its structure.
@@ -151,6 +152,14 @@ TO_TEXT = {
     "dict": 'text = "\\n\\n".join(str(key) + ": " + str(value) for key, value in context.items())',
 }
 TO_TEXT_OTHER = "text = str(context)"
+
+#: What the kernel supports beyond plain code (both profiles): its event loop, threads,
+#: processes. ``{kernel_line}`` in a template; empty in a template without it.
+KERNEL_LINE = ("- The REPL is a Jupyter kernel: top-level `await` works, and so does "
+               "`asyncio.run(main())`. The functions above also work from threads "
+               "(`concurrent.futures.ThreadPoolExecutor`) and process pools "
+               "(`multiprocessing.Pool`), but `llm_query_batched` is the simplest way to ask "
+               "many questions at once.\n")
 
 RLM_LINE = ("- `rlm(prompt, query)` starts a helper that works like you on `prompt` as its own "
             "`context` and answers `query`; it returns the answer as a string. Use it for big pieces.\n")
@@ -211,7 +220,8 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
         sub_chars: a safe prompt size for ``llm_query`` (characters).
         max_output: the cell output budget (characters).
         template: a replacement for the profile's template with the same fields (``meta``,
-            ``sub_chars``, ``max_output``, ``rlm_line``, ``to_text``; any may be left out).
+            ``sub_chars``, ``max_output``, ``rlm_line``, ``kernel_line``, ``to_text``; any may
+            be left out).
         profile: a key of :data:`PROFILES` (``"small"`` or ``"general"``); an unknown name
             (e.g. a template file's path, already read into ``template``) means ``small``.
     """
@@ -219,11 +229,12 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
     return (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
                                        max_output=f"{max_output:,}",
                                        rlm_line=RLM_LINE if can_recurse else "",
+                                       kernel_line=KERNEL_LINE,
                                        to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
 
 
 #: The fields a system prompt template may use (``{meta}`` ...; ``{{``/``}}`` for braces).
-TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "to_text")
+TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "kernel_line", "to_text")
 
 
 def check_template(template: str) -> str | None:

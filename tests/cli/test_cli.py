@@ -284,7 +284,8 @@ def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
 def test_replay_of_a_non_deterministic_cell_gives_no_resume_advice(cli, scripted, ctx_file):
     # the divergence message told a replay to "Resume with --on-divergence live", which a
     # replay does not take and a finished run's resume ignores
-    srv = scripted(script([repl("import random; print(random.random())"),
+    # os.urandom: the kernels' random module is seeded per run (kernels.chance)
+    srv = scripted(script([repl("import os; print(os.urandom(8).hex())"),
                            repl("FINAL('done')")]))
     assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "nondet-1",
                *endpoint_args(srv)).rc == 0

@@ -268,7 +268,8 @@ def test_divergence_policy_stop_then_live(setup):
         if state["n"] == 3 and state["pid"] and not state["killed"]:
             os.kill(state["pid"], signal.SIGKILL)
             state["killed"] = True
-        return ["```repl\nimport random\nprint(random.random())\n```",
+        # os.urandom: the kernels' random module is seeded per run (kernels.chance)
+        return ["```repl\nimport os\nprint(os.urandom(8).hex())\n```",
                 "```repl\nprint('second')\n```",
                 "```repl\nFINAL('done')\n```"][min(turn, 2)]
 
