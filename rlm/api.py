@@ -21,7 +21,8 @@ from rlm.context.load import load_context
 from rlm.errors import DivergenceError
 from rlm.config.endpoint import external_endpoint
 from rlm.config.options import DEFAULT_EMBEDDED_MODEL, Options, check_names, validate_options
-from rlm.config.records import find_run, open_journal, spec_options, stored_context, stored_source
+from rlm.config.records import (find_run, open_journal, recorded_chance, spec_options,
+                                stored_context, stored_source)
 from rlm.result import Result
 from rlm.config.build import build_options, context_options, replay_options, resume_options
 from rlm.core.hooks import RunHooks
@@ -70,7 +71,8 @@ class RLM:
                 progress = o.get("on_progress")
                 if progress:
                     progress(f"starting the embedded model {name} on 127.0.0.1")
-                srv = EmbeddedServer(name)
+                srv = EmbeddedServer(name, threads=o.get("embedded_threads"),
+                                     parallel=o.get("embedded_slots"))
                 srv.start()
                 self._server = srv
             return self._server.base_url, self._server.api_key, self._server.model_name
@@ -172,6 +174,7 @@ class RLM:
                     if recorded is None:
                         ctx.discard()
                         return Result.from_record(rec)
+                    o = {**o, **recorded_chance(rec)}  # the kernels' seed it ran with
             opts = self._options(o)
         except BaseException:
             ctx.discard()

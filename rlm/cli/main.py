@@ -32,6 +32,8 @@ EXIT_CODES = """exit codes:
   6    replay/resume found a divergence from the journal
   7    the run ended without an answer (iterations exhausted, no FINAL)
   8    rlm verify found a violation (the first bad event is named on stderr)
+  9    the journal failed under the run (connection lost, disk full, locked, removed) and
+       stayed down past RLM_JOURNAL_RETRY_SECONDS; `rlm resume` it once the journal is back
   130  interrupted (Ctrl-C)
 """
 
@@ -41,6 +43,7 @@ ENVIRONMENT = """environment:
   RLM_MODEL         model name when --model is not given (with an endpoint)
   RLM_JOURNAL       journal: a SQLite file or a postgresql:// URL
                     (default: ~/.local/share/rlm/journal.sqlite3)
+  RLM_JOURNAL_RETRY_SECONDS  how long a run waits out a journal fault (default 30)
   RLM_HOST          host name recorded as a run's owner (default: the machine's host name)
   RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
   RLM_DEBUG=1       print tracebacks for unexpected errors
@@ -252,29 +255,18 @@ def _cmd_show(args) -> int:
     if rec is None:
         raise ConfigError(f"no run {args.run_id!r} in journal {j.path}; list runs with `rlm runs`")
     from harness.text import printable
+    from rlm.observe.summary import header_lines
     tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
     # what the model or the user wrote is shown with its control characters escaped: an
     # escape sequence in an answer must not drive the terminal of whoever reads the journal
-    sandbox = (rec.get("usage") or {}).get("sandbox")
-    print(f"run {printable(args.run_id)}  state={rec['state']}  query={rec.get('query')!r}"
-          + (f"  kernels={printable(str(sandbox))}" if sandbox else ""))
-    if rec.get("answer") is not None:
-        print(f"answer: {printable(rec['answer'])}")
+    for line in header_lines(rec):  # id, state, query, why it ended, answer
+        print(line)
     print(printable(tree.render(max_level=args.max_level)))
     return 0
 
 
-def _pad(text: str, width: int) -> str:
-    """``text`` padded with spaces to ``width`` terminal columns: wide characters (CJK, most
-    emoji: Unicode East Asian Width W or F) take two, combining marks none."""
-    import unicodedata
-    cols = sum(0 if unicodedata.combining(c) else
-               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-    return text + " " * max(0, width - cols)
-
-
 def _cmd_runs(args) -> int:
-    import time
+    from rlm.observe.summary import run_row, runs_lines
     j = _journal(args)
     runs = j.list_runs(limit=args.limit)
     if args.json:
@@ -283,19 +275,9 @@ def _cmd_runs(args) -> int:
     if not runs:
         print(f"no runs in {j.path}")
         return 0
-    from harness.text import printable
-    print(f"{'RUN ID':<18} {'STARTED':<19} {'STATE':<15} {'HOST':<16} {'DEPTH':>5} "
-          f"{'COST $':>9}  MODEL / QUERY")
-    for r in runs:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("created_at") or 0))
-        usage = r.get("usage") or {}
-        # a resumed run: what every attempt spent (the usage itself is the last attempt's)
-        cost = (usage.get("all_attempts") or usage).get("cost_usd") or 0.0
-        q = printable((r.get("query") or "").replace("\n", " "))
-        host = printable(str(r.get("owner_host") or "-"))[:16]
-        print(f"{_pad(printable(r['run_id']), 18)} {started:<19} {r['state']:<15} "
-              f"{_pad(host, 16)} {r.get('max_depth', ''):>5} "
-              f"{cost:>9.4f}  {printable(str(r.get('model')))} / {q[:60]}")
+    # columns as wide as their widest cell: a long run id does not shift the others
+    for line in runs_lines([run_row(j, r) for r in runs]):
+        print(line)
     return 0
 
 

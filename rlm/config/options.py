@@ -92,6 +92,7 @@ class Options:
     kernel_memory_mb: int = 4096
     kernel_processes: int = 1024
     kernel_disk_mb: int = 1024
+    kernel_seed: int = 0
     max_kernel_restarts: int = 3
     max_attempts: int = 6
     divergence: str = "stop"
@@ -287,6 +288,16 @@ OPTIONS: tuple[Option, ...] = (
            help=f"embedded model when no endpoint is set (default {DEFAULT_EMBEDDED_MODEL})",
            doc=f"local model without an endpoint: `{LARGE_EMBEDDED_MODEL}` (`--large`) or "
                f"`{EMBEDDED_MODELS[2]}`"),
+    Option("embedded_threads", "--embedded-threads", int, min=1, max=1024, metavar="N",
+           group=ENDPOINT, commands=_RUN_RESUME,
+           help="compute threads of the embedded llama.cpp server (default: the usable CPU "
+                "cores minus one, so kernels keep a core; all of them on a 1-core machine)",
+           doc="compute threads of the embedded llama.cpp server (prefill and decode); one core "
+               "is left to the kernels, whose work otherwise slows decode several times over",
+           doc_default="cores − 1"),
+    Option("embedded_slots", None, int, min=1, max=64,
+           doc="request slots of the embedded llama.cpp server, each with its own window "
+               "(`rlm eval` gives one per concurrent trial)", doc_default="2"),
     Option("max_attempts", "--max-attempts", int, 6, min=1, max=100, metavar="N", group=ENDPOINT,
            commands=_RUN_RESUME,
            help="HTTP attempts per model call, first included, for 429/5xx/timeouts/connection "
@@ -364,6 +375,12 @@ OPTIONS: tuple[Option, ...] = (
            help="private /tmp and home of a sandboxed kernel, and its largest file, MiB "
                 "(default 1024)",
            doc="private `/tmp` and home of a sandboxed kernel, and its largest file (MiB)"),
+    Option("kernel_seed", "--kernel-seed", int, 0, min=0, max=4_294_967_295, metavar="N",
+           group=SANDBOX, commands=(RUN,), stored=True,
+           help="seed of every kernel's chance: its hash seed (set order), random and NumPy; "
+                "recorded with the run, so resume and replay use it (default 0)",
+           doc="seed of every kernel's chance (hash seed, `random`, NumPy); recorded with the "
+               "run for resume and replay"),
     Option("price_file", "--price-file", metavar="PATH", group=LIMITS, commands=_RUN_RESUME,
            stored=True, check=price_file,
            help='JSON prices {"model": {"input": USD/1M, "output": USD/1M}}; its path is '
@@ -405,7 +422,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="system prompt profile: `small` (worked lookup example, for small models), "
                "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
                "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
-               "`{rlm_line}`, `{to_text}` (`{{`/`}}` for braces)",
+               "`{rlm_line}`, `{kernel_line}`, `{to_text}` (`{{`/`}}` for braces)",
            doc_default="`general`; `small` on the embedded model"),
     Option("temperature", None, float, 0.0, min=0.0, max=2.0, stored=True,
            doc="sampling temperature of every model call"),
@@ -436,7 +453,7 @@ OPTIONS: tuple[Option, ...] = (
 #: them: ``rlm serve --api-key`` is the key its clients must send, and the upstream endpoint's key
 #: is serve's own ``--upstream-api-key``.
 SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "embedded_model",
-                 "max_attempts", "max_iterations", "max_depth", "cell_timeout",
+                 "embedded_threads", "max_attempts", "max_iterations", "max_depth", "cell_timeout",
                  "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
                  "max_children_per_call", "max_concurrency", "price_file", "sandbox",
                  "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb")

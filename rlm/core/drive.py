@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.control import Cancelled
 from harness.errors import BudgetExceeded, DivergenceError
+from harness.journal.errors import JournalError
 from harness.replay import Replay
 from harness.stages.tree import Kind, Status, cancel_open
 from harness.text import clean_text
@@ -185,7 +186,7 @@ class _RunEnd:
             self.answer = self.root.partial_answer() if self.root is not None else None
         elif isinstance(exc, (KeyboardInterrupt, Cancelled)):  # Ctrl-C, or rlm.aio's token
             self.status, self.reason, self.raised = "cancelled", "interrupted", KeyboardInterrupt()
-        elif isinstance(exc, (RLMError, DivergenceError)):
+        elif isinstance(exc, (RLMError, DivergenceError, JournalError)):
             self.status, self.reason, self.raised = "failed", str(exc), exc
         elif isinstance(exc, Exception):  # a bug: journaled as failed, not left running
             self.status, self.raised = "failed", exc

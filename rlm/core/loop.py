@@ -127,13 +127,15 @@ class RLMLoop:
             # the conversation; a reply cut at the output-token limit never runs its
             # unclosed last block, and the model is told
             parsed = parse_reply(comp.text, cut=comp.cut)
+            run.accountant.check_wall()  # host-side work counts against the wall cap too
             reply = parsed.text
             self.last_reply = reply
             messages.append({"role": "assistant", "content": reply})
             blocks = parsed.code_blocks(cut=comp.cut)
             cut_note = (prompts.cut_reply(run.opts.max_completion_tokens,
                                           parsed.unclosed_code()) if comp.cut else None)
-            run.progress(f"level {self.level} iteration {i + 1}: {len(blocks)} code block(s)"
+            # named by its stage id, as every view and the journal name it
+            run.progress(f"L{self.level} {it.id}: {len(blocks)} code block(s)"
                          + (" (reply cut at the output-token limit)" if comp.cut else ""))
             if not blocks:
                 note = prompts.PROSE_FINAL if parsed.prose_final() else prompts.NO_CODE
@@ -219,7 +221,7 @@ class RLMLoop:
         path = self.context.share(kernel)
         stamp = self.context.stamp  # the user's own file, read in place: its size then
         code = bind_code(kernel.share_socket(run.bridge.path), self.reg.token, path, self.context.fmt,
-                         stamp[0] if stamp else None)
+                         stamp[0] if stamp else None, checked=self.check is not None)
         res, _ = kernel.execute(code, timeout=120)
         if res.error and res.error.startswith("ContextChanged:"):
             # named as the user knows it (the kernel may have read a private copy)

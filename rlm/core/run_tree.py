@@ -200,24 +200,32 @@ class RunTree:
         rh = request_hash(request) if journaled else None
         scope = scope or self.scope
         with self.tree.stage(parent, Kind.model_call, level, model=model, start=False) as st:
+            st.meta["call"] = call_facts(request, self.opts.provider)  # read by the spans
             if self.recorded is not None:
                 rec = self._lookup(st.id, rh)
                 if rec is not None:
                     st.start()
                     comp = Completion.from_record(rec["response"], model)
-                    st.evidence, st.meta = comp.text, dict(comp.meta(), replayed=True)
+                    st.evidence = comp.text
+                    st.meta.update(comp.meta(), replayed=True, reply=reply_facts(comp))
                     return comp
             resv, probe = self._admit(st, model, messages, max_tokens, scope)
+            server = server_facts(getattr(self.client, "base_url", None))
+            if server is not None:
+                st.meta["server"] = server
             comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope)
             st.add_usage(comp.prompt_tokens, comp.completion_tokens, cost)
-            st.evidence, st.meta = comp.text, comp.meta()
+            st.evidence = comp.text
+            st.meta.update(comp.meta(), reply=reply_facts(comp))
         if self.journal is not None:
             self.journal.record_model_call(
                 self.run_id, st.id, request_hash=rh, request=request, response=comp.to_dict(),
                 usage={"prompt_tokens": comp.prompt_tokens,
                        "completion_tokens": comp.completion_tokens, "cost_usd": cost,
                        "estimated": comp.usage_estimated},
-                attempts=comp.attempts, replace=self.recorded is not None, behind=True)
+                attempts=comp.attempts, replace=self.recorded is not None)  # durable: the
+            # reply is in the journal before anything acts on it (group-committed with the
+            # replies that arrive at the same time: harness.journal.behind)
         return comp
 
     def _admit(self, st: StageScope, model: str, messages: list[dict], max_tokens: int,
@@ -240,8 +248,8 @@ class RunTree:
                 self._probe_done(model, probe)
                 raise
         except BudgetExceeded as exc:
-            st.meta = {"refused": {"cap": exc.cap, "limit": exc.limit, "used": exc.used,
-                                   "requested": exc.requested}}
+            st.meta["refused"] = {"cap": exc.cap, "limit": exc.limit, "used": exc.used,
+                                  "requested": exc.requested}
             raise
 
     def _send_admitted(self, st: StageScope, resv: Any, probe: Any, messages: list[dict],
@@ -484,3 +492,30 @@ def prompt_estimate(messages: list[dict]) -> int:
     still covered by the estimate; the accountant's calibration covers the rest."""
     chars = sum(len(str(m.get("content") or "")) for m in messages)
     return max(count_messages(messages), (chars + 3) // 4 + 3 + 4 * len(messages))
+
+
+# what a model_call stage records of its call for the views and spans (rlm.observe.otel) ----
+
+def call_facts(request: dict, provider: str) -> dict:
+    """The request's settings a span reports: ``provider`` (the API spoken), ``max_tokens``
+    (the output cap, tokens) and ``temperature``."""
+    return {"provider": provider, "max_tokens": request.get("max_tokens"),
+            "temperature": request.get("temperature")}
+
+
+def server_facts(base_url: str | None) -> dict | None:
+    """Where a call is sent: ``{"address": host, "port": int}`` of ``base_url`` (the scheme's
+    port when it names none); never the URL's user, password, path or query."""
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(base_url or "")
+        port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    except ValueError:  # a port that is not a number: the client refuses it on its own
+        return None
+    return {"address": u.hostname, "port": port} if u.hostname else None
+
+
+def reply_facts(comp: Completion) -> dict:
+    """What the reply said of itself: ``model`` (the model that answered), ``id`` (the
+    provider's id of the reply) and ``finish_reason``."""
+    return {"model": comp.model, "id": comp.response_id, "finish_reason": comp.finish_reason}

@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol
 
 from harness.control import Cancelled, CancelScope, Task, wait_all
 from harness.errors import BudgetExceeded, DivergenceError
+from harness.journal.errors import JournalError
 from harness.stages.tree import Kind, Stage, Status
 from kernels.bridge import BridgeError
 from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error, item_ok
@@ -143,9 +144,18 @@ class Subcalls:
                 return self._batched(op, parent, list(args.get("prompts") or []),
                                      args.get("query"), model, scope,
                                      schema=to_json_schema(args.get("schema")))
-        except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError, Cancelled) as exc:
+        except (BudgetExceeded, ChildRLMError, RLMError, DivergenceError, Cancelled,
+                JournalError) as exc:
+            self._journal_failed(exc)
             raise to_bridge_error(exc) from None
         raise BridgeError(ErrorKind.SUBCALL_ERROR, f"unknown operation {op!r}")
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        """A journal that could not record a sub-call (its reservation or its reply) ends the
+        whole run, as a divergence does: the model's code may catch the error, but no further
+        cell runs (``RunTree.fatal``)."""
+        if isinstance(exc, JournalError) and self.run_tree.fatal is None:
+            self.run_tree.fatal = exc
 
     def _allowed_models(self) -> set:
         o = self.run_tree.opts
@@ -173,6 +183,7 @@ class Subcalls:
             try:
                 out.append(item_ok(task.result()))
             except BaseException as exc:  # noqa: BLE001 - every item's fate is reported
+                self._journal_failed(exc)
                 out.append(item_error(to_bridge_error(exc).to_wire()))
         return out
 

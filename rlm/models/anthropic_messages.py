@@ -171,7 +171,8 @@ def parse_reply(body: Any, *, model: str, base_url: str, messages: list[dict],
                       model=reply_model if isinstance(reply_model, str) and reply_model
                       else model, reasoning=reasoning,
                       finish_reason=_STOPPED.get(finish, finish) if isinstance(finish, str)
-                      else None, usage_estimated=estimated)
+                      else None, usage_estimated=estimated,
+                      response_id=body["id"] if isinstance(body.get("id"), str) else None)
 
 
 # the client --------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ class Completion:
         finish_reason: why the reply ended (``"stop"``, ``"length"``...; None if not sent).
         usage_estimated: the endpoint sent no usage, so the token counts are tiktoken's.
         adapted: parameter adaptations in effect for this call, learned from 400s (list of str).
+        response_id: the reply's own id as the provider sent it (``chatcmpl-...``, ``msg_...``;
+            None if it sent none).
     """
 
     text: str
@@ -62,6 +64,7 @@ class Completion:
     finish_reason: str | None = None
     usage_estimated: bool = False
     adapted: list = field(default_factory=list)
+    response_id: str | None = None
 
     @property
     def cut(self) -> bool:
@@ -78,6 +81,8 @@ class Completion:
             d["finish_reason"] = self.finish_reason
         if self.usage_estimated:
             d["usage_estimated"] = True
+        if self.response_id:
+            d["id"] = self.response_id
         return d
 
     def meta(self) -> dict:
@@ -98,7 +103,8 @@ class Completion:
     def from_record(cls, resp: dict, model: str) -> "Completion":
         """A completion rebuilt from its journaled response (:meth:`to_dict`), not charged."""
         return cls(text=resp.get("text", ""), model=resp.get("model", model),
-                   reasoning=resp.get("reasoning", ""), finish_reason=resp.get("finish_reason"))
+                   reasoning=resp.get("reasoning", ""), finish_reason=resp.get("finish_reason"),
+                   response_id=resp.get("id"))
 
 
 @runtime_checkable

@@ -200,7 +200,8 @@ def parse_reply(body: Any, *, model: str, base_url: str, messages: list[dict],
                       model=reply_model if isinstance(reply_model, str) and reply_model
                       else model, reasoning=reasoning,
                       finish_reason=finish if isinstance(finish, str) else None,
-                      usage_estimated=estimated)
+                      usage_estimated=estimated,
+                      response_id=body["id"] if isinstance(body.get("id"), str) else None)
 
 
 # the client --------------------------------------------------------------------------------
