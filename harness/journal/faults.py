@@ -91,6 +91,7 @@ def retrying(store: Any, action: str, once: Callable[[], _T]) -> _T:
     else:
         if store._gave_up:
             store._gave_up = False
+            _cap_wait(store, None)
             log.warning("journal %s: writable again", store.path)
         return result
     return _retry_after(store, action, once, first)
@@ -110,6 +111,8 @@ def _retry_after(store: Any, action: str, once: Callable[[], _T], first: Journal
     def attempt() -> _T:
         if pending:  # the first attempt, already made
             raise pending.pop()
+        # one attempt's own wait (SQLite's busy timeout) ends with the limit, not past it
+        _cap_wait(store, max(0.0, limit - (time.monotonic() - t0)))
         return once()
 
     try:
@@ -120,6 +123,7 @@ def _retry_after(store: Any, action: str, once: Callable[[], _T], first: Journal
         if not exc.transient:
             raise
         store._gave_up = True
+        _cap_wait(store, 0.0)  # the single attempts from now on do not wait either
         waited = time.monotonic() - t0
         raise JournalUnavailableError(
             "the journal stayed unavailable"
@@ -132,4 +136,13 @@ def _retry_after(store: Any, action: str, once: Callable[[], _T], first: Journal
         log.warning("journal %s: back after %.1f s (%s)", store.path, time.monotonic() - t0,
                     action)
     store._gave_up = False
+    _cap_wait(store, None)
     return result
+
+
+def _cap_wait(store: Any, seconds: float | None) -> None:
+    """Bound the wait inside one attempt to ``seconds`` (None: the store's own), for stores
+    whose attempts wait by themselves (``cap_wait``: SQLite's busy timeout)."""
+    cap = getattr(store, "cap_wait", None)
+    if cap is not None:
+        cap(seconds)

@@ -257,6 +257,18 @@ class SQLiteStore(Store):
         self._conn = self._open()
         self._ident = file_guard.identity(self.path)
 
+    def cap_wait(self, seconds: float | None) -> None:
+        """Bound how long one statement waits for another process's lock: ``seconds`` (at
+        least 50 ms) while the journal's retries run out, so their limit holds and a run that
+        stopped for the journal exits without waiting on the lock again; None: the store's
+        ``busy_timeout``."""
+        wait = self.busy_timeout if seconds is None else min(self.busy_timeout,
+                                                               max(0.05, seconds))
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+        except (sqlite3.Error, AttributeError):
+            pass  # closed, or not open yet: nothing waits on it
+
     # ---- opening: inspect, refuse or migrate, configure -----------------------------------
 
     def _open(self) -> sqlite3.Connection:

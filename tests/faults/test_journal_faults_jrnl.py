@@ -332,6 +332,29 @@ def test_a_lock_held_past_the_limit_raises_journal_unavailable_then_resumes(tmp_
         _assert_resumes(srv, str(path), tmp_path, resume)
 
 
+def test_a_lock_never_released_stops_the_run_within_the_limit_and_lets_it_exit(tmp_path):
+    """A lock held far longer than the busy timeout and the limit: the first write waits the
+    busy timeout (3 s), the retries the limit (1 s) and no longer (each retry's own wait is cut
+    to what is left), and closing the journal does not wait on the lock again. Before: each
+    retry waited the whole busy timeout, and the run's way out waited for the lock."""
+    path = tmp_path / "journal.sqlite3"
+    holders: list[subprocess.Popen] = []
+    with ScriptedServer(Scripted(lambda: holders.append(_hold_lock(path, 60.0)))) as srv:
+        t0 = time.monotonic()
+        try:
+            with Journal(path, busy_timeout=3.0, retry_seconds=1.0) as j:
+                with pytest.raises(JournalUnavailableError, match="locked"):
+                    _api_run(srv, j)
+                stopped = time.monotonic() - t0
+            closed = time.monotonic() - t0
+        finally:
+            for h in holders:
+                h.kill()
+                h.wait(timeout=30)
+    assert stopped < 10, f"the run stopped {stopped:.1f} s after it began"
+    assert closed - stopped < 3, f"closing took {closed - stopped:.1f} s more"
+
+
 # --------------------------------------------------------------------------- SQLite: the file
 
 
