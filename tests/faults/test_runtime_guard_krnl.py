@@ -45,8 +45,10 @@ CHECK = repl("print('VISIBLE', llm_query('q'), callable(FINAL), callable(FINAL_V
 @pytest.mark.parametrize("what, cell", CLOBBERS, ids=[c[0] for c in CLOBBERS])
 def test_kind8_clobbered_runtime_disables_nothing_after_the_cell(api, what, cell):
     # the clobbering cell is the first (no bridge connection yet), then a check, then FINAL
+    # cell_timeout: a cell that rebinds socket.socket never ends (the kernel's own messaging
+    # needs it); the kernel is restarted at the timeout and the run goes on
     res, srv = api(script([cell, CHECK, repl("FINAL(llm_query('last'))")], lambda r: "SUB"),
-                   "abc", max_iterations=4)
+                   "abc", max_iterations=4, cell_timeout=5)
     assert res.status == "completed", (what, res.reason)
     assert res.answer == "SUB", what
     seen = last_user(root_requests(srv)[2])
