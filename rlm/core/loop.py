@@ -11,6 +11,7 @@ loop's :class:`~rlm.core.subcalls.Subcalls` through the bridge while a cell runs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.control import CancelScope, Task
 from harness.stages.tree import Kind, Status
@@ -95,12 +96,7 @@ class RLMLoop:
         opts = self.run_tree.opts
         if self.run_tree.fatal is not None:  # e.g. cancelled (rlm.aio) before it began: no kernel
             raise self.run_tree.fatal
-        system = prompts.system_prompt(describe(self.context),
-                                       can_recurse=opts.budget.subcalls_allowed,
-                                       sub_chars=opts.sub_prompt_chars,
-                                       max_output=opts.max_output_chars,
-                                       template=opts.system_template, profile=opts.prompt)
-        task = prompts.first_user(self.query, opts.prompt)
+        system, task = opening(self.context, self.query, opts)
         if self.check is not None:
             task += "\n\n" + self.check.instructions()
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
@@ -337,3 +333,16 @@ class RLMLoop:
             self.run_tree.pool.release(self.kernel)
             self.kernel = None
         self.context.discard()
+
+
+def opening(context: Any, query: str | None, opts: Any) -> tuple[str, str]:
+    """``(system prompt, first user message)`` a loop opens with, before an answer check's
+    instructions: what the model reads first, for ``context`` (what
+    :func:`rlm.context.load.describe` takes) under the run's options (``opts``: an
+    :class:`~rlm.config.options.Options`). ``rlm eval`` hashes the same text into a trial's
+    identity."""
+    system = prompts.system_prompt(describe(context), can_recurse=opts.budget.subcalls_allowed,
+                                   sub_chars=opts.sub_prompt_chars,
+                                   max_output=opts.max_output_chars,
+                                   template=opts.system_template, profile=opts.prompt)
+    return system, prompts.first_user(query, opts.prompt)

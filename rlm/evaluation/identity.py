@@ -172,18 +172,14 @@ def _rendered(spec: Any, sample: Any, opts: Any) -> tuple[str | None, str, str |
     """``(system prompt, first user message, profile template)`` the model reads first."""
     if spec.method == "base":
         return None, sample.base_prompt(spec.base_prompt_tokens())[0], None
-    from rlm.context.load import describe
+    from rlm.core.loop import opening
     from rlm.prompting import prompts
     # the profile is its system template and its first-message wording together
     system_template, first_template = prompts.PROFILES.get(opts.prompt, prompts.PROFILES["small"])
     template = (opts.system_template or system_template) + "\n" + (
         first_template or prompts.FIRST_USER)
-    system = prompts.system_prompt(describe(sample.context),
-                                   can_recurse=opts.budget.subcalls_allowed,
-                                   sub_chars=opts.sub_prompt_chars,
-                                   max_output=opts.max_output_chars,
-                                   template=opts.system_template, profile=opts.prompt)
-    return system, prompts.first_user(sample.query, opts.prompt), template
+    system, first = opening(sample.context, sample.query, opts)
+    return system, first, template
 
 
 def changed_parts(old: dict | None, new: dict) -> list[str]:
