@@ -33,7 +33,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["Cancelled", "CancelScope", "Task", "Scheduler", "wait_all"]
+__all__ = ["Cancelled", "CancelScope", "Task", "Scheduler", "WaitClock", "wait_all"]
 
 log = logging.getLogger(__name__)
 
@@ -457,3 +457,47 @@ def wait_all(tasks: Sequence[Task], scope: CancelScope, deadline: float | None =
     finally:
         remove()
     return all(t.done() for t in tasks)
+
+
+class WaitClock:
+    """Seconds a cell has spent waiting on the host: the time during which at least one of its
+    sub-calls (or tool calls) was in flight, overlapping calls counted once. Thread-safe.
+
+    A cell's own timeout (``--cell-timeout``) bounds the cell's code, not the calls it is
+    waiting on, which have caps of their own (the model's deadlines, the tool timeout, the wall
+    cap); the kernel's timer is pushed back by :meth:`waited` (see ``Kernel.execute``'s
+    ``extend``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        """One call starts waiting."""
+        with self._lock:
+            if self._inflight == 0:
+                self._since = time.monotonic()
+            self._inflight += 1
+
+    def leave(self) -> None:
+        """One call is answered (or failed)."""
+        with self._lock:
+            self._inflight = max(0, self._inflight - 1)
+            if self._inflight == 0:
+                self._total += time.monotonic() - self._since
+
+    def waited(self) -> float:
+        """Seconds waited so far (float), the wait in progress included."""
+        with self._lock:
+            extra = time.monotonic() - self._since if self._inflight else 0.0
+            return self._total + extra
+
+    def reset(self) -> None:
+        """Start counting afresh (a new cell); calls still in flight keep counting."""
+        with self._lock:
+            self._total = 0.0
+            if self._inflight:
+                self._since = time.monotonic()

@@ -448,7 +448,7 @@ class Kernel:
     # execution -----------------------------------------------------------
     def execute(self, code: str, timeout: float | None = None,
                 user_expressions: dict | None = None, *, stop=None, grace: float = 3.0,
-                on_interrupt=None) -> tuple[CellResult, dict]:
+                on_interrupt=None, extend=None) -> tuple[CellResult, dict]:
         """Run ``code``; returns the :class:`CellResult` and the evaluated user expressions.
 
         Args:
@@ -464,6 +464,9 @@ class Kernel:
             grace: seconds an interrupted cell gets to stop before its kernel is killed
                 (``min(grace, 1)`` when ``stop`` interrupted it).
             on_interrupt: called (no arguments) when the cell is interrupted.
+            extend: a callable returning seconds (float) the timeout is pushed back by: the
+                time the cell spent waiting on the host (its sub-calls, which have caps of
+                their own), so ``timeout`` bounds the cell's own work.
 
         On timeout (or ``stop``) the kernel is interrupted; if the cell does not settle within
         ``grace`` seconds (it ignores SIGINT, spins in C code, or keeps printing), ``KernelDied``
@@ -478,7 +481,8 @@ class Kernel:
                 raise KernelDied("kernel is not running")
             self._cell_thread = threading.get_ident()
         try:
-            return self._execute(kc, code, timeout, user_expressions, stop, grace, on_interrupt)
+            return self._execute(kc, code, timeout, user_expressions, stop, grace, on_interrupt,
+                                 extend)
         finally:
             with self._lock:
                 self._cell_thread = None
@@ -487,7 +491,7 @@ class Kernel:
                 teardown()
 
     def _execute(self, kc, code: str, timeout: float | None, user_expressions: dict | None,
-                 stop, grace: float, on_interrupt) -> tuple[CellResult, dict]:
+                 stop, grace: float, on_interrupt, extend=None) -> tuple[CellResult, dict]:
         t0 = time.monotonic()
         msg_id = kc.execute(code, silent=False, store_history=False,
                             user_expressions=user_expressions or {}, allow_stdin=False)
@@ -504,7 +508,8 @@ class Kernel:
             now = time.monotonic()
             if interrupted_at is None:
                 stopped = stop is not None and stop.is_set()
-                if stopped or (deadline is not None and now > deadline):
+                late = deadline is not None and now > deadline + (extend() if extend else 0.0)
+                if stopped or late:
                     if stopped:
                         res.interrupted = True
                     else:

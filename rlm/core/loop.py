@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.control import CancelScope, Task
+from harness.control import CancelScope, Task, WaitClock
 from harness.stages.tree import Kind, Status
 from kernels.bridge import Registration
 from kernels.kernel import CellResult, Kernel, KernelDied
@@ -63,6 +63,8 @@ class RLMLoop:
         self.run_tree, self.stage_id, self.level = run, stage_id, level
         self.scope = (scope or run.scope).child(stage_id)
         self.cell_scope: CancelScope | None = None
+        # time the running cell waits on its sub-calls: not counted against its own timeout
+        self.wait_clock = WaitClock()
         self.task: Task | None = run.scheduler.current()  # a child's slot in the scheduler
         # what FINAL must pass (rlm.core.schema): the run's answer_schema/verify at the root,
         # the schema of rlm(..., schema=) for a child
@@ -272,14 +274,18 @@ class RLMLoop:
         timeout = run.opts.cell_timeout
         left = run.deadline_left()
         grace = 3.0
+        # the cell's own timeout leaves out the time it waits on its sub-calls (they have
+        # caps of their own); the wall cap still ends it (its watchdog cancels ``scope``)
+        extend = self.wait_clock.waited if timeout else None
         if left is not None:
             if not timeout or left <= timeout:
                 grace = 1.0  # the wall cap is what ends this cell: no long wait for it
             timeout = max(0.05, min(timeout, left)) if timeout else max(0.05, left)
+        self.wait_clock.reset()
         try:
             res, exprs = kernel.execute(code, timeout=timeout,
                                         user_expressions={FINAL_KEY: FINAL_EXPR}, stop=scope,
-                                        grace=grace,
+                                        grace=grace, extend=extend,
                                         on_interrupt=lambda: scope.cancel("interrupted"))
         except KernelDied as exc:
             scope.cancel("interrupted")

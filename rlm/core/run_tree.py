@@ -466,8 +466,16 @@ class RunTree:
         return task.result()
 
     def _handle(self, reg: Registration, op: str, args: dict) -> Any:
-        # the bridge's handler: the registration (never the kernel's word) names the loop
-        return reg.owner.subcalls.handle(op, args)
+        # the bridge's handler: the registration (never the kernel's word) names the loop;
+        # the time the cell waits here is not counted against its own timeout
+        clock = getattr(reg.owner, "wait_clock", None)
+        if clock is None:
+            return reg.owner.subcalls.handle(op, args)
+        clock.enter()
+        try:
+            return reg.owner.subcalls.handle(op, args)
+        finally:
+            clock.leave()
 
     def close(self) -> None:
         """Shut every kernel of the run down and stop the bridge. Idempotent.
