@@ -316,8 +316,10 @@ OPTIONS: tuple[Option, ...] = (
            doc=f"0 to {MAX_DEPTH_LIMIT}; see [Depth](#depth)"),
     Option("cell_timeout", "--cell-timeout", float, 60.0, min=0, min_exclusive=True, max=86_400,
            metavar="S", group=LIMITS, commands=(RUN,), stored=True,
-           help="seconds per executed code block before the kernel is interrupted (default 60)",
-           doc="seconds per code block before the kernel is interrupted"),
+           help="seconds per executed code block before the kernel is interrupted, not "
+                "counting the time it waits on its sub-calls (default 60)",
+           doc="seconds per code block before the kernel is interrupted (time spent waiting "
+               "on its sub-calls not counted)"),
     Option("max_output_chars", "--max-output-chars", int, 4000, embedded_default=2000, min=100,
            max=10_000_000, metavar="N", group=LIMITS, commands=(RUN,), stored=True,
            help="characters of cell output shown to the model per turn (default 4000; 2000 with "
