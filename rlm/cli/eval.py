@@ -114,6 +114,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "OUT/journal.sqlite3, the sweep's own; RLM_JOURNAL does not apply)")
     r.add_argument("--ray", metavar="ADDRESS", help="run each trial as a task on the Ray "
                    "cluster at ADDRESS (needs the ray extra)")
+    r.add_argument("--time-budget", metavar="DURATION",
+                   help="stop after this long (90m, 1h30m, 2h, 5400): trials run breadth first "
+                        "(every cell's first trial before any cell's second), each started only "
+                        "if its cell's measured time still fits; the report covers what "
+                        "finished, and the same command run again continues")
     r.add_argument("--force", action="store_true",
                    help="accept a different grid in an existing --out")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -259,8 +264,13 @@ def cmd_eval(args) -> int:
     if args.ray:
         from rlm.evaluation.ray_runner import reachable
         reachable(args.ray)  # before anything is written
+    budget = None
+    if args.time_budget is not None:
+        from rlm.evaluation.time_budget import parse_duration
+        budget = parse_duration(args.time_budget)
     sweep = Sweep(grid, Path(args.out), concurrency=args.concurrency, ray_address=args.ray,
-                  force=args.force, progress=not args.quiet, allow_mixed=args.allow_mixed)
+                  force=args.force, progress=not args.quiet, allow_mixed=args.allow_mixed,
+                  time_budget=budget)
     try:
         files = sweep.run()
     except KeyboardInterrupt:
@@ -276,6 +286,8 @@ def cmd_eval(args) -> int:
             if s["changed"] else ""
         print(f"[rlm] eval: {s['total']} trials ({s['run']} run now{changed}, {s['skipped']} "
               f"already done), ${s['cost_usd']:.4f} spent, {s['seconds']:.1f} s", file=sys.stderr)
+    if sweep.budget is not None and s.get("left"):
+        print(f"[rlm] eval: {sweep.budget.left_summary()}", file=sys.stderr)
     for name, path in files.items():
         print(f"{name}\t{path}")
     if s["run"] and s.get("endpoint_errors", 0) == s["run"]:

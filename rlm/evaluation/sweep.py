@@ -163,6 +163,10 @@ class Sweep:
         progress: show a progress bar on stderr (trials done/total, ETA, spend).
         allow_mixed: accept trials in ``out`` whose identities differ from this sweep's in
             more than the grid's axes (:func:`rlm.evaluation.identity.mixed_identities`).
+        time_budget: seconds the sweep may take (None: no limit): trials run breadth first,
+            each started only while its cell's estimated time still fits, and those running
+            at the budget are cancelled (:mod:`rlm.evaluation.time_budget`); ``stats["left"]``
+            then counts the trials not run.
 
     ``stats`` after :meth:`run`: ``total``, ``skipped`` (recorded under the same run id),
     ``changed`` (recorded, but their identity changed since: run again), ``run`` (trials run
@@ -172,7 +176,7 @@ class Sweep:
     def __init__(self, grid: Grid, out: Path, *, concurrency: int = 2,
                  ray_address: str | None = None, force: bool = False,
                  make_sample: MakeSample | None = None, progress: bool = True,
-                 allow_mixed: bool = False) -> None:
+                 allow_mixed: bool = False, time_budget: float | None = None) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {concurrency}")
         if grid.journal is None:  # the sweep's own journal, never the shared default one
@@ -180,6 +184,10 @@ class Sweep:
         self.grid, self.out, self.concurrency = grid, Path(out), concurrency
         self.ray_address, self.force, self.progress = ray_address, force, progress
         self.allow_mixed = allow_mixed
+        if time_budget is not None and ray_address:
+            raise ConfigError("--time-budget works with trials run on this machine, not --ray")
+        self.time_budget = time_budget
+        self.budget = None  # the TimeBudget of a run under time_budget (its left trials)
         self.make_sample = make_sample or load_sample_factory(grid.sample_factory)
         self.specs = grid.trials()
         self.stats = {"total": len(self.specs), "skipped": 0, "changed": 0, "run": 0,
@@ -220,6 +228,10 @@ class Sweep:
         recorded = read_trials(self.trials_path) if self.trials_path.is_file() else []
         self.specs = self._identify()
         todo = self._plan({r.get("key"): r for r in recorded})  # the last record of a key wins
+        if self.time_budget is not None:
+            from rlm.evaluation.time_budget import TimeBudget, breadth_first
+            todo = breadth_first(todo)
+            self.budget = TimeBudget(self.time_budget, recorded)
         writer = JsonlWriter(self.trials_path)
         records = self._execute(todo)
         try:
@@ -235,6 +247,8 @@ class Sweep:
             getattr(records, "close", lambda: None)()  # cancels what still runs
             writer.close()
             self.stats["seconds"] = time.monotonic() - t0
+            if self.budget is not None:
+                self.stats["left"] = len(self.budget.skipped) + self.budget.cancelled
         return write_report(self.out, allow_mixed=self.allow_mixed)
 
     def _identify(self) -> list[TrialSpec]:
@@ -335,14 +349,17 @@ class Sweep:
         # a new SQLite file's first opens race on setting it up
         from rlm.config.records import open_journal
         open_journal(self.grid.journal).close()
-        return _run_local(todo, self.concurrency, self.make_sample)
+        return _run_local(todo, self.concurrency, self.make_sample, self.budget)
 
 
-def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample) -> Iterator[dict]:
+def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample,
+               budget: Any = None) -> Iterator[dict]:
     """Run ``todo`` on ``concurrency`` threads with one shared :class:`rlm.RLM`; yields each
     record as its trial finishes. On an exception in the caller (Ctrl-C) or a ConfigError of a
     trial, queued trials are dropped and running ones cancelled (journaled ``cancelled``,
-    resumable), and their threads are waited for."""
+    resumable), and their threads are waited for. Under a ``budget``
+    (:class:`~rlm.evaluation.time_budget.TimeBudget`) a trial starts only if it fits, and the
+    ones running when it is spent are cancelled (no record: the next run resumes them)."""
     from rlm.aio import CancelToken
     from rlm.api import RLM
     runner = RLM(**todo[0].endpoint_options())
@@ -353,14 +370,21 @@ def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample)
         pending: set[Future] = set()
         while True:
             while len(pending) < concurrency and _submit(pool, queue, runner, make_sample,
-                                                         tokens, pending):
+                                                         tokens, pending, budget):
                 pass
             if not pending:
                 break
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED,
+                                     timeout=None if budget is None else budget.remaining())
             for fut in finished:
                 tokens.pop(fut, None)
-                yield fut.result()
+                rec = fut.result()
+                if budget is not None:
+                    budget.record(rec)
+                yield rec
+            if budget is not None and pending and budget.remaining() <= 0:
+                _cancel_at_budget(pending, tokens, budget)
+                pending = set()
     finally:
         for token in list(tokens.values()):
             token.cancel()
@@ -368,10 +392,24 @@ def _run_local(todo: list[TrialSpec], concurrency: int, make_sample: MakeSample)
         runner.close()
 
 
+def _cancel_at_budget(pending: set, tokens: dict, budget: Any) -> None:
+    """The budget is spent: cancel the trials still running and wait for them (their runs are
+    journaled ``cancelled``; their results, if any came first, are dropped: a resumed run
+    gives them next time)."""
+    for fut in pending:
+        token = tokens.pop(fut, None)
+        if token is not None:
+            token.cancel()
+    wait(pending)
+    budget.cancelled += len(pending)
+
+
 def _submit(pool: ThreadPoolExecutor, queue: Iterator[TrialSpec], runner: Any,
-            make_sample: MakeSample, tokens: dict, pending: set) -> bool:
+            make_sample: MakeSample, tokens: dict, pending: set, budget: Any = None) -> bool:
     from rlm.aio import CancelToken
     spec = next(queue, None)
+    while spec is not None and budget is not None and not budget.admit(spec):
+        spec = next(queue, None)  # does not fit what is left of the budget: left for later
     if spec is None:
         return False
     token = CancelToken()
