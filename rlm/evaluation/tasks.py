@@ -1,4 +1,5 @@
-"""Long-context evaluation tasks: RULER's thirteen plus ``aggregation`` and ``pairs``.
+"""Long-context evaluation tasks: RULER's thirteen plus ``aggregation``, ``pairs`` and
+``word_count``.
 
 ``make_sample(task, length, seed, index)`` builds one :class:`Sample`: the ``context``
 (a string, or a list of strings for the list tasks) sized to about ``length`` o200k_base
@@ -9,7 +10,8 @@ a question from a data set (``qa_1``, ``qa_2``) the pick ignores ``length``, so 
 asks the same question at every length.
 
 Task definitions and metrics: :mod:`rlm.evaluation.ruler` (RULER) and
-:mod:`rlm.evaluation.corpus` (``aggregation``, ``pairs``).
+:mod:`rlm.evaluation.corpus` (``aggregation``, ``pairs``), :mod:`rlm.evaluation.counting`
+(``word_count``: a word or phrase counted in real text, the truth computed by code).
 
 Sizes: the context is within 5% of ``length`` tokens except where a task cannot be that
 small: ``qa_1``/``qa_2`` need the question's own documents (one SQuAD paragraph, about
@@ -27,7 +29,7 @@ from typing import Callable
 
 from rlm.errors import ConfigError
 from rlm.models.tokens import count_tokens, encoding
-from rlm.evaluation import corpus, ruler
+from rlm.evaluation import corpus, counting, ruler
 from rlm.evaluation.sizing import Built, context_text, fit
 
 __all__ = ["TASKS", "Task", "TASK_NAMES", "METRICS", "ANSWER_TOKENS", "MIN_LENGTH", "MAX_LENGTH", "Sample", "make_sample", "parse_length",
@@ -293,6 +295,11 @@ def _corpus(build):
     return builder
 
 
+def _word_count(task, length, seed, index, rng_factory):
+    return ((lambda n: counting.build_word_count(rng_factory, n)),
+            max(200, round(length * counting.WORDS_PER_TOKEN)), 200)
+
+
 #: The task table: name -> :class:`Task`. A new task is one builder and one entry here.
 TASKS: dict[str, Task] = {
     **{name: Task("string_match_all", 128, _niah) for name in ruler.NIAH},
@@ -303,6 +310,7 @@ TASKS: dict[str, Task] = {
     "qa_2": Task("string_match_part", 32, _qa),
     "aggregation": Task("exact", 16, _corpus(corpus.build_aggregation)),
     "pairs": Task("pairs_f1", 512, _corpus(corpus.build_pairs)),
+    "word_count": Task("exact", 16, _word_count),
 }
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 #: metric of each task, and the tokens its answer needs (from :data:`TASKS`)

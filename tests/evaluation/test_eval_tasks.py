@@ -35,7 +35,8 @@ def test_parse_length_rejects(text):
 def test_parse_tasks():
     assert parse_tasks("niah_single_2, cwe,qa_1,cwe") == ["niah_single_2", "cwe", "qa_1"]
     assert parse_tasks("all") == list(TASK_NAMES)
-    assert len(TASK_NAMES) == 15 and "aggregation" in TASK_NAMES and "pairs" in TASK_NAMES
+    assert len(TASK_NAMES) == 16 and "aggregation" in TASK_NAMES and "pairs" in TASK_NAMES
+    assert "word_count" in TASK_NAMES
 
 
 @pytest.mark.parametrize("text", ["niah_single_9", "cwe,,qa_1", "", "CWE"])
