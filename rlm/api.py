@@ -20,7 +20,8 @@ from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run
 from rlm.context.load import load_context
 from rlm.errors import DivergenceError
 from rlm.config.endpoint import external_endpoint
-from rlm.config.options import DEFAULT_EMBEDDED_MODEL, Options, check_names, validate_options
+from rlm.config.options import DEFAULT_EMBEDDED_MODEL, Options, check_names
+from rlm.config.validate import validate_options
 from rlm.config.records import (find_run, open_journal, recorded_chance, spec_options,
                                 stored_context, stored_source)
 from rlm.result import Result

@@ -536,7 +536,7 @@ def main(args: Any) -> int:
         ConfigError: a bad option, an unpriced model under a cost cap, an unreachable journal.
     """
     from rlm.config.flags import options_from_args
-    from rlm.config.options import validate_options
+    from rlm.config.validate import validate_options
     from rlm.config.records import open_journal
     o = options_from_args(args, SERVE)
     if args.upstream_api_key:

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlm.config.options import OPTION_NAMES, OPTIONS, validate_options
+from rlm.config.options import OPTION_NAMES, OPTIONS
+from rlm.config.validate import validate_options
 from rlm.errors import ConfigError
 from rlm.serve_errors import APIError
 

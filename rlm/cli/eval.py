@@ -224,7 +224,7 @@ def _embedded_server(args) -> dict:
     """The embedded server's settings of a sweep: ``--embedded-threads``, and a request slot
     per concurrent trial (never fewer than the default, so one trial's batched sub-calls still
     decode together)."""
-    from rlm.config.options import validate_options
+    from rlm.config.validate import validate_options
     from rlm.models.embedded.server import DEFAULT_SLOTS
     validate_options({"embedded_threads": args.embedded_threads})
     slots = max(DEFAULT_SLOTS, args.concurrency) if not args.ray else None

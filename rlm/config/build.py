@@ -39,7 +39,7 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str]) -
     """The :class:`Options` of a run from keyword options and its resolved endpoint.
 
     Args:
-        o: keyword options (validated by :func:`~rlm.config.options.validate_options`); absent or None values take
+        o: keyword options (validated by :func:`~rlm.config.validate.validate_options`); absent or None values take
             their default, or their ``embedded_default`` when no endpoint is configured.
         endpoint: (base_url, api_key, model) the run talks to (an :class:`~rlm.config.options.Endpoint`, or the
             embedded server's). With the embedded model, ``sub_model``/``child_model`` are

@@ -6,7 +6,7 @@ import pytest
 
 import rlm
 from rlm.config.endpoint import external_endpoint
-from rlm.config.options import validate_options
+from rlm.config.validate import validate_options
 from rlm.config.records import open_journal
 
 

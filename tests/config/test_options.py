@@ -22,7 +22,8 @@ from harness.budget.accountant import Budget
 from rlm.config import options as reg
 from rlm.cli.main import build_parser, options_from_args
 from rlm.errors import ConfigError
-from rlm.config.options import OPTIONS, Endpoint, Options, validate_options
+from rlm.config.options import OPTIONS, Endpoint, Options
+from rlm.config.validate import validate_options
 from rlm.config.build import build_options, replay_options, resume_options, stored_options
 
 REPO = Path(__file__).resolve().parents[2]
