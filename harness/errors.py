@@ -66,3 +66,22 @@ class RunMismatchError(HarnessError):
     with: a run id names one question about one context (exit 2)."""
 
     exit_code = 2
+
+
+class UnfinishedToolCall(DivergenceError):
+    """Resume met a tool call that started in an earlier attempt and never recorded its result,
+    and the tool is not marked idempotent: calling it again could repeat its side effect, so the
+    run stops here (at most once). ``call_id`` names the call's stage, ``tool`` the tool (exit 10).
+    """
+
+    exit_code = 10
+
+    def __init__(self, call_id: str, tool: str, run_id: str) -> None:
+        self.call_id, self.tool = call_id, tool
+        super().__init__(
+            f"tool call {call_id} ({tool}) of run {run_id} started before the crash and never "
+            f"recorded its result, and {tool!r} is not marked idempotent, so resume will not "
+            "call it again (it may have done its work already). Check in the system it acts on "
+            f"whether that call took effect. If calling it again is safe, mark the tool "
+            f"idempotent (rlm.tool(idempotent=True) or read_only=True) and resume again; "
+            "otherwise start a new run.")

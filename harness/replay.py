@@ -60,7 +60,7 @@ class Replay:
         policy: ``"stop"`` or ``"live"`` (see the module docstring); ignored when strict.
 
     Attributes:
-        served: calls served from the journal so far (int).
+        served: model calls served from the journal so far (int); ``tools_served``: tool calls.
         live_from: the first call id sent live after a divergence under ``"live"`` (or None).
         divergences: ``[{"call_id", "recorded_hash", "new_hash"}]`` found so far.
     """
@@ -70,6 +70,7 @@ class Replay:
             raise ValueError(f"divergence policy must be one of {POLICIES}, got {policy!r}")
         self.journal, self.run_id, self.strict, self.policy = journal, run_id, strict, policy
         self.served = 0
+        self.tools_served = 0
         self.live_from: str | None = None
         self.divergences: list[dict] = []
         self._lock = threading.Lock()
@@ -119,6 +120,46 @@ class Replay:
             f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
             f"Nothing was served from the journal for it. {advice}")
 
+
+    def tool_call(self, call_id: str, req_hash: str) -> dict | None:
+        """The recorded tool call to serve for ``call_id`` whose request hashes to ``req_hash``
+        (the journal's record: ``status`` ``done``, ``failed`` or ``started``, ``result``,
+        ``error``, ...), or None: the journal does not hold it (a resume makes the call).
+
+        A recorded call of another request is a divergence, as for a model call: raised under
+        ``"stop"`` (and always in a replay); under ``"live"`` the call is made again. A replay
+        never calls a tool: a call the journal does not hold raises too.
+
+        Raises:
+            BudgetExceeded: strict, and the recorded run refused this call (it does again).
+            DivergenceError: as above.
+        """
+        rec = self.journal.lookup_tool_call(self.run_id, call_id)
+        if rec is None:
+            refused = self.refusal(call_id) if self.strict else None
+            if refused is not None:
+                raise BudgetExceeded(refused.get("cap", "?"), refused.get("limit", 0),
+                                     refused.get("used", 0), refused.get("requested", 0))
+            if self.strict:
+                raise DivergenceError(f"replay: tool call {call_id} is not in the journal of run "
+                                      f"{self.run_id}; the run took a different path (a replay "
+                                      "never calls a tool)")
+            return None
+        if rec["request_hash"] == req_hash and request_hash(rec["request"]) == req_hash:
+            with self._lock:
+                self.tools_served += rec["status"] != "started"
+            return rec
+        with self._lock:
+            self.divergences.append({"call_id": call_id, "recorded_hash": rec["request_hash"],
+                                     "new_hash": req_hash})
+            if self.policy == "live" and not self.strict:
+                self.live_from = self.live_from or call_id
+                return None
+        raise DivergenceError(
+            f"divergence at tool call {call_id} ({rec['tool']}): its arguments differ from the "
+            f"ones recorded in run {self.run_id}. Nothing was served from the journal for it. "
+            + ("The recorded run is unchanged; a replay cannot pass this point." if self.strict
+               else "Resume with --on-divergence live to call it with the new arguments."))
 
     def refusal(self, call_id: str) -> dict | None:
         """How the recorded run refused ``call_id`` (``{"cap", "limit", "used", "requested"}``),

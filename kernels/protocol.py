@@ -35,9 +35,9 @@ from typing import Any, Mapping
 
 __all__ = [
     "BATCHED_OPS", "BOOT_CODE", "batch_args_error", "checked_value", "schema_dict", "ERROR_ATTRS", "FINAL_ANCHOR", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
-    "SUBCALL_OPS", "ErrorKind", "Op", "bind_code", "boot_code", "decode_error",
+    "SUBCALL_OPS", "TOOL_OPS", "ErrorKind", "Op", "bind_code", "boot_code", "decode_error",
     "encode_error", "encode_frame", "final_value", "is_error_item", "item_error", "item_ok", "parse_final",
-    "recv_message", "reply_error", "reply_ok", "request", "send_message",
+    "recv_message", "reply_error", "reply_ok", "request", "send_message", "add_context_code",
 ]
 
 
@@ -57,12 +57,19 @@ class Op:
       the checked value when ``schema`` is given).
     * ``RLM_BATCHED``: ``prompts`` (list), ``query``, ``model``, ``schema``. Value: a list
       of items.
+    * ``TOOL``: ``tool`` (str: a user tool's name), ``args`` (list), ``kwargs`` (dict), JSON
+      values. Value: the tool's result (JSON).
+    * ``TOOL_BATCHED``: ``tool``, ``items`` (list of ``{"args", "kwargs"}``). Value: a list of
+      items, as for the batched ops.
     """
 
     LLM_QUERY = "llm_query"
     LLM_QUERY_BATCHED = "llm_query_batched"
     RLM = "rlm"
     RLM_BATCHED = "rlm_batched"
+    TOOL = "tool"
+    TOOL_BATCHED = "tool_batched"
+    HISTORY = "history"  # no args; value: the loop's full transcript ([{"role", "content"}])
 
 
 #: Every op that asks the host for a model call or a child (all of them, today).
@@ -70,6 +77,9 @@ SUBCALL_OPS = frozenset({Op.LLM_QUERY, Op.LLM_QUERY_BATCHED, Op.RLM, Op.RLM_BATC
 
 #: The ops whose value is a list of items (:func:`item_ok` / :func:`item_error`).
 BATCHED_OPS = frozenset({Op.LLM_QUERY_BATCHED, Op.RLM_BATCHED})
+
+#: The ops that call a user's host tool (not sub-calls: they work at ``max_depth=0`` too).
+TOOL_OPS = frozenset({Op.TOOL, Op.TOOL_BATCHED})
 
 
 class ErrorKind:
@@ -80,12 +90,15 @@ class ErrorKind:
     * ``DEPTH_ERROR``: sub-calls are disabled (``max_depth=0``).
     * ``SUBCALL_ERROR``: anything else that failed in the host, including a refused
       request (unknown token, wrong process) and an unknown kind on decode.
+    * ``TOOL_ERROR``: a user's tool failed on the host (it raised, timed out, or returned a
+      value that is not JSON); the message is the tool's ``Type: message``.
     """
 
     BUDGET_EXCEEDED = "BudgetExceeded"
     CHILD_RLM_ERROR = "ChildRLMError"
     DEPTH_ERROR = "DepthError"
     SUBCALL_ERROR = "SubcallError"
+    TOOL_ERROR = "ToolError"
 
 
 #: Attributes each error kind carries on the wire, with the value used when one is absent.
@@ -96,6 +109,7 @@ ERROR_ATTRS: dict[str, dict[str, Any]] = {
     ErrorKind.CHILD_RLM_ERROR: {"status": "failed", "reason": ""},
     ErrorKind.DEPTH_ERROR: {},
     ErrorKind.SUBCALL_ERROR: {},
+    ErrorKind.TOOL_ERROR: {},
 }
 
 
@@ -310,7 +324,7 @@ def boot_code() -> str:
 
 
 def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str,
-              size: int | None = None, checked: bool = False) -> str:
+              size: int | None = None, checked: bool = False, tools: list | None = None) -> str:
     """The cell that binds a started kernel to one RLM instance (Python source, str).
 
     It calls ``kernels.runtime.bind``: the kernel connects to the bridge socket with
@@ -327,13 +341,25 @@ def bind_code(bridge_path: str, token: str, context_path: str | None, fmt: str,
             in place), or None: a file of another size is refused (``ContextChanged``).
         checked: the host checks the instance's FINAL value (an answer schema or gate), so
             ``FINAL`` in the kernel says the value was submitted, not recorded.
+        tools: the user's tools at this instance's level, one JSON-able spec each (name,
+            docstring, signature: :func:`kernels.tool_stubs.tool_names`), or None.
 
     The cell prints nothing; it raises in the kernel (an error in the cell result) if the
     context file is missing or is not valid for ``fmt``.
     """
     return (f"{RUNTIME_NAME}.bind({bridge_path!r}, {token!r}, {context_path!r}, {fmt!r}"
             + (f", {int(size)!r}" if size is not None else "")
-            + (", checked=True)" if checked else ")"))
+            + (", checked=True" if checked else "")
+            + (f", tools={list(tools)!r})" if tools else ")"))
+
+
+def add_context_code(context_path: str, fmt: str, index: int, size: int | None = None) -> str:
+    """The cell that binds one more context of a session in a bound kernel (Python source):
+    ``context_{index}`` and ``contexts[index]`` (:func:`kernels.contexts.add`). Like
+    :func:`bind_code`, the path travels as a literal, never the context; the cell leaves no
+    name behind and prints nothing."""
+    return (f"__import__('kernels.contexts', fromlist=['add']).add({context_path!r}, {fmt!r}, "
+            f"{int(index)!r}, {None if size is None else int(size)!r});")
 
 
 def final_value(answer: str) -> dict:

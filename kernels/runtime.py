@@ -34,9 +34,11 @@ from harness.text import clean_text
 from kernels.bundle import ContextChanged, load_context, read_text  # noqa: F401 (names kept)
 from kernels.chance import seed_kernel
 from kernels.idioms import install as install_idioms
+from kernels.transcript import History
 from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, checked_value,
                               decode_error, encode_frame, final_value, is_error_item,
                               recv_message, request, schema_dict)
+from kernels.tool_stubs import tool_names
 
 # The module's state survives a re-execution of the module (``importlib.reload`` from a cell).
 _OLD = globals()
@@ -545,10 +547,10 @@ _install_packer()
 
 
 def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "text",
-         size: int | None = None, checked: bool = False) -> str:
+         size: int | None = None, checked: bool = False, tools: list | None = None) -> str:
     """Bind this kernel to one RLM instance: its bridge, its secret and its ``context``.
 
-    Called once per kernel by the host, through :func:`kernels.protocol.bind_code`.
+    Called once per kernel by the host, through :func:`kernels.protocol.bind_code` (``tools``).
 
     Args:
         socket_path: the bridge's Unix socket; connected on the first sub-call.
@@ -570,11 +572,12 @@ def bind(socket_path: str, token: str, context_path: str | None, fmt: str = "tex
     ip = _ip()
     RESERVED.clear()
     RESERVED.update(
-        context=ctx, llm_query=llm_query, llm_query_batched=llm_query_batched,
-        rlm=rlm, rlm_batched=rlm_batched, rlm_query=rlm, rlm_query_batched=rlm_batched,
-        FINAL=FINAL, FINAL_VAR=FINAL_VAR, SHOW_VARS=SHOW_VARS,
+        context=ctx, context_0=ctx, contexts=[ctx] if context_path else [], llm_query=llm_query,
+        llm_query_batched=llm_query_batched, rlm=rlm, rlm_batched=rlm_batched, rlm_query=rlm,
+        rlm_query_batched=rlm_batched, FINAL=FINAL, FINAL_VAR=FINAL_VAR, SHOW_VARS=SHOW_VARS,
+        history=History(lambda: _call(Op.HISTORY)),  # fetched when read (kernels.transcript)
         BudgetExceeded=BudgetExceeded, ChildRLMError=ChildRLMError, BatchError=BatchError,
-        SubcallError=SubcallError, DepthError=DepthError,
+        SubcallError=SubcallError, DepthError=DepthError, **tool_names(tools, globals()),
     )
     try:
         ip.events.unregister("post_run_cell", _restore)

@@ -1,7 +1,7 @@
 """Recursive language models on real Jupyter kernels.
 
 Public API: :func:`completion`, :func:`plain_completion`, :func:`acompletion`, :class:`RLM`,
-:class:`AsyncRLM`, :class:`Result`, and the errors in :mod:`rlm.errors`. The CLI is ``rlm`` (see ``rlm --help``).
+:class:`AsyncRLM`, :class:`Session`, :class:`Result`, and the errors in :mod:`rlm.errors`. The CLI is ``rlm`` (see ``rlm --help``).
 
 Names are imported on first use (``import rlm`` itself is cheap): a run's set-up then
 overlaps the cold start of its first kernel, which :func:`completion` begins before anything
@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["completion", "plain_completion", "acompletion", "RLM", "AsyncRLM", "Result", "Budget", "BudgetExceeded",
+__all__ = ["completion", "plain_completion", "acompletion", "RLM", "AsyncRLM", "Session", "Result", "Budget", "BudgetExceeded",
            "RLMError", "ConfigError",
            "ContextError", "EndpointError", "ModelReplyError", "KernelError", "ChildRLMError",
-           "DivergenceError", "RunActiveError", "EmbeddedModelUnavailable"]
+           "DivergenceError", "RunActiveError", "EmbeddedModelUnavailable", "tool", "Tool",
+           "ToolError"]
 from rlm.version import __version__  # noqa: E402,F401
 
 # name -> the module that defines it
 _LAZY = {"plain_completion": "rlm.api", "RLM": "rlm.api", "Result": "rlm.api",
+         "Session": "rlm.session",
          "acompletion": "rlm.aio", "AsyncRLM": "rlm.aio",
          "Budget": "harness.budget.accountant", "BudgetExceeded": "harness.errors",
+         "tool": "rlm.tools", "Tool": "rlm.tools", "ToolError": "rlm.tools",
          **{name: "rlm.errors" for name in (
              "RLMError", "ConfigError", "ContextError", "EndpointError", "ModelReplyError",
              "KernelError", "ChildRLMError", "DivergenceError", "RunActiveError",

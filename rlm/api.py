@@ -209,6 +209,7 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
     j = open_journal(journal, must_exist=True)  # a typo must not create an empty journal
     try:
         rec = find_run(j, run_id)
+        _not_a_later_question(rec, "replay")
         replay_target(rec)
         ctx = stored_context(rec, context, encoding)
         opts = replay_options(rec)
@@ -255,12 +256,18 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
         if context is not None:  # a context given must be the run's, finished or not
             stored_context(rec, context, enc).discard()
         return Result.from_record(rec)
+    _not_a_later_question(rec, "resume")
     ctx_src = context
     if ctx_src is None:
         stored_context(rec, None, enc).discard()  # checks it is there and unchanged
         ctx_src = stored_source(rec)
     # the recorded settings (and a directory context's filters); given options override them
     merged = {**resume_options(rec), **spec_options(rec)}
+    if options.get("tools") is not None and merged.get("tools"):
+        # tools given again stand in for the recorded ones of their names (rlm.tools.as_tools)
+        given = options["tools"]
+        options = {**options, "tools": [*merged["tools"], *(
+            given if isinstance(given, (list, tuple)) else [given])]}
     merged.update({k: v for k, v in options.items() if v is not None})
     merged["run_id"] = run_id
     if enc:
@@ -271,6 +278,22 @@ def resume(run_id: str, *, context: Any = None, **options: Any) -> Result:
             loaded.discard()
             return r.plain_completion(loaded.read_value())
         return r.completion(ctx_src, rec.get("query") or None)
+
+
+def _not_a_later_question(rec: dict, what: str) -> None:
+    """Refuse to re-drive a session's second or later question on its own: it starts from the
+    session's kernel and conversation, which only the session rebuilds.
+
+    Raises:
+        ConfigError: naming the session and how to go on."""
+    link = (rec.get("options") or {}).get("session") or {}
+    if int(link.get("question") or 1) > 1:
+        sid = link.get("id")
+        from rlm.errors import ConfigError
+        raise ConfigError(f"run {rec['run_id']} is question {link['question']} of session "
+                          f"{sid}: it continues that session's kernel and conversation, so it "
+                          f"cannot {what} on its own; rebuild the session instead: "
+                          f"rlm.Session.resume({sid!r}) or `rlm chat --resume {sid}`")
 
 
 def plain_completion(prompt: str, **options: Any) -> Result:

@@ -17,6 +17,8 @@ code  meaning
 8     ``rlm verify`` found a violation in the journal
 9     the journal failed under the run and stayed down past its retry limit
       (``JournalUnavailableError``; resume once it is back)
+10    resume met an unfinished call of a tool that is not idempotent
+      (``UnfinishedToolCall``: at most once; see docs/tools.md)
 130   interrupted (Ctrl-C)
 ====  =======================================================================
 """

@@ -71,6 +71,7 @@ from rlm.serve_errors import APIError, Redactor, _causes, _check_result, _error_
 from rlm.serve_request import (DEFAULT_MAX_BODY_BYTES, REMOTE_OPTIONS, ChatRequest, cap_answer,
                                parse_request, read_body, read_json, request_options, run_id_of)
 from rlm.serve_runs import Attempts, LiveRuns, retry_count, run_info, until_disconnect, usage_of
+from rlm.serve_sessions import DEFAULT_IDLE_SECONDS, ServeSessions
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
 
@@ -131,7 +132,8 @@ class _Slots:
 
 def create_app(options: dict | None = None, *, api_key: str | None = None,
                max_concurrent_runs: int = 4, model_name: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               session_idle_seconds: float = DEFAULT_IDLE_SECONDS):
     """The Starlette app of ``rlm serve``.
 
     Args:
@@ -140,16 +142,25 @@ def create_app(options: dict | None = None, *, api_key: str | None = None,
         max_concurrent_runs: runs at once; more get 429 with ``Retry-After``.
         model_name: the upstream model shown by ``/v1/models`` (default ``options["model"]``).
         max_body_bytes: the largest request body (bytes); a larger one is a 413, unread.
+        session_idle_seconds: a session (``rlm.session``) unused this long is closed (s);
+            every session is closed when the app shuts down.
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
+    from contextlib import asynccontextmanager
     server = _Server(dict(options or {}), api_key, max_concurrent_runs, model_name,
-                     max_body_bytes)
+                     max_body_bytes, session_idle_seconds)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await asyncio.to_thread(server.sessions.close)  # their kernels go with the server
     app = Starlette(routes=[Route("/v1/models", server.models, methods=["GET"]),
                             Route("/v1/chat/completions", server.chat, methods=["POST"])],
-                    exception_handlers={HTTPException: _http_error, Exception: _crash})
+                    exception_handlers={HTTPException: _http_error, Exception: _crash},
+                    lifespan=lifespan)
     app.state.runner = server.runner
     return app
 
@@ -203,8 +214,11 @@ class _Server:
     limit, and the runs its requests started (:class:`Attempts`, :class:`LiveRuns`)."""
 
     def __init__(self, options: dict, api_key: str | None, max_concurrent_runs: int,
-                 model_name: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 model_name: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 session_idle_seconds: float = DEFAULT_IDLE_SECONDS) -> None:
         self.runner = AsyncRLM(**options)
+        self.sessions = ServeSessions(options, self.runner._sync, session_idle_seconds,
+                                      self.runner.grace)
         self.options = options
         self.slots = _Slots(max(1, int(max_concurrent_runs)))
         self.api_key = api_key
@@ -306,7 +320,14 @@ class _Server:
             raw = await read_body(request, self.max_body_bytes)
             req = parse_request(read_json(raw))
             self.check_prices(req)
-            run_id, fingerprint = await self.run_id_for(request, raw)
+            if req.session is not None:  # the session's next question names its run
+                if request.headers.get("idempotency-key"):
+                    raise APIError(400, "a session's questions are named by the session "
+                                   "('rlm.session'): send no Idempotency-Key with it",
+                                   param="Idempotency-Key")
+                run_id, fingerprint = self.sessions.run_id(req.session), None
+            else:
+                run_id, fingerprint = await self.run_id_for(request, raw)
             if not self.slots.take():
                 raise APIError(429, f"all {self.slots.n} run slots are busy; retry later",
                                "rate_limit_error", code="rate_limit_exceeded",
@@ -327,8 +348,7 @@ class _Server:
         """The response of a run that is not streamed; a client that hangs up before it ends
         cancels it (journaled ``cancelled``, resumable)."""
         from starlette.responses import JSONResponse, Response
-        task = asyncio.ensure_future(self.runner.completion(req.context, req.query,
-                                                            run_id=run_id, **req.options))
+        task = self._start(req, run_id, dict(req.options))
         self.live.add(run_id, task)
         gone = asyncio.ensure_future(until_disconnect(request.receive))
         try:
@@ -346,6 +366,14 @@ class _Server:
             return _error_response(self.error_of(exc, run_id))
         return JSONResponse(_completion_body(res, req.model, req.answer_cap))
 
+    def _start(self, req: ChatRequest, run_id: str, opts: dict) -> "asyncio.Future":
+        """The task of one request's run: the next question of its session, or a run."""
+        if req.session is not None:
+            return asyncio.ensure_future(self.sessions.ask(req.session, req,
+                                                           opts.get("listeners")))
+        return asyncio.ensure_future(self.runner.completion(req.context, req.query,
+                                                            run_id=run_id, **opts))
+
     async def stream(self, req: ChatRequest, run_id: str):
         """The Server-Sent Events of one run: stage events as they happen, then the answer, the
         usage and ``[DONE]``; a client that goes away cancels the run."""
@@ -358,9 +386,7 @@ class _Server:
 
         opts = dict(req.options)
         listeners = [*(opts.pop("listeners", None) or ()), safe_listener(on_event)]
-        task = asyncio.ensure_future(self.runner.completion(req.context, req.query,
-                                                            run_id=run_id, listeners=listeners,
-                                                            **opts))
+        task = self._start(req, run_id, {**opts, "listeners": listeners})
         self.live.add(run_id, task)
         try:
             yield _chunk(run_id, req.model, {"role": "assistant", "content": ""})
@@ -407,7 +433,8 @@ async def _relay(task: "asyncio.Future", events: "asyncio.Queue", run_id: str, m
 
 def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000,
         api_key: str | None = None, max_concurrent_runs: int = 4,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        session_idle_seconds: float = DEFAULT_IDLE_SECONDS) -> None:
     """Serve until interrupted (uvicorn), on ``host``:``port`` (``port`` 0: a free port, the
     one taken is printed); arguments as :func:`create_app`'s.
 
@@ -425,7 +452,7 @@ def run(options: dict | None = None, *, host: str = "127.0.0.1", port: int = 800
         raise ConfigError(f"rlm serve needs the serve extra: {install_hint('serve')}") \
             from None
     app = create_app(options, api_key=api_key, max_concurrent_runs=max_concurrent_runs,
-                     max_body_bytes=max_body_bytes)
+                     max_body_bytes=max_body_bytes, session_idle_seconds=session_idle_seconds)
     # what the process logs (the runs' retries and failures quote the upstream) has its keys
     # redacted, whichever logger it comes from
     redact = _redactor(dict(options or {}), api_key).record
@@ -521,6 +548,10 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--max-body-bytes", type=whole_number(1), default=DEFAULT_MAX_BODY_BYTES,
                    metavar="N", help="largest request body in bytes; a larger one is answered "
                    f"413 before it is read (default {DEFAULT_MAX_BODY_BYTES}: 64 MiB)")
+    p.add_argument("--session-idle-timeout", type=whole_number(1), default=DEFAULT_IDLE_SECONDS,
+                   metavar="S", help="a session (a request's 'rlm': {'session': ID}) unused "
+                   f"this many seconds is closed, its kernel shut down (default "
+                   f"{DEFAULT_IDLE_SECONDS:g})")
     p.add_argument("--upstream-api-key", metavar="KEY",
                    help="API key of the model endpoint the runs use (env OPENAI_API_KEY, "
                         "preferred: a flag's value is hidden from the process list only once "
@@ -544,12 +575,16 @@ def main(args: Any) -> int:
     if o.get("price_file"):  # the runs read it from wherever they run
         o["price_file"] = os.path.abspath(os.path.expanduser(o["price_file"]))
     validate_options(o)
+    if o.get("tools"):  # a bad --tool fails at start, not at the first request
+        from rlm.tools import as_tools
+        o["tools"] = list(as_tools(o["tools"]))
     _check_prices_at_start(o)
     journal = open_journal(o.get("journal"))
     o["journal"] = journal if journal is not None else False
     try:
         run(o, host=args.host, port=args.port, api_key=args.api_key,
-            max_concurrent_runs=args.max_concurrent_runs, max_body_bytes=args.max_body_bytes)
+            max_concurrent_runs=args.max_concurrent_runs, max_body_bytes=args.max_body_bytes,
+            session_idle_seconds=args.session_idle_timeout)
     finally:
         if journal is not None:
             journal.close()

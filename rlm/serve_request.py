@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -246,6 +247,8 @@ class ChatRequest:
     answer_cap: int | None = None
     #: the request field each run option came from (``max_depth`` or ``rlm.max_depth``)
     fields: dict = field(default_factory=dict)
+    #: ``rlm.session``: the session this request is the next question of (rlm.serve_sessions)
+    session: str | None = None
 
 
 def _text(content: Any, where: str) -> str:
@@ -306,11 +309,18 @@ def parse_request(body: Any) -> ChatRequest:
     extra = body.get("rlm") or {}
     if not isinstance(extra, dict):
         raise APIError(400, "'rlm' must be an object of run options", param="rlm")
+    extra = dict(extra)
+    session = extra.pop("session", None)
+    if session is not None and (not isinstance(session, str)
+                                or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", session)):
+        raise APIError(400, "'rlm.session' must be a session id: 1 to 64 letters, digits, "
+                       f"'_', '.' or '-', got {session!r}", param="rlm.session",
+                       code="invalid_value")
     unknown = set(extra) - REMOTE_OPTIONS
     if unknown:
         raise APIError(400, f"unknown or server-only run option(s) in 'rlm': "
                        f"{', '.join(sorted(unknown))}; allowed: "
-                       f"{', '.join(sorted(REMOTE_OPTIONS))}", param="rlm")
+                       f"{', '.join(sorted(REMOTE_OPTIONS))}, session", param="rlm")
     given = {k: body[k] for k in _TOP_LEVEL_OPTIONS if body.get(k) is not None}
     where = {k: k for k in given}
     given.update({k: v for k, v in extra.items() if v is not None})
@@ -321,7 +331,7 @@ def parse_request(body: Any) -> ChatRequest:
     if schema is not None:
         opts["answer_schema"] = schema
     return ChatRequest(context, query, opts, str(model or "rlm"), bool(stream),
-                       answer_cap(body), where)
+                       answer_cap(body), where, session)
 
 
 def request_options(body: Any, server_model: str | None = None) -> tuple[Any, str, dict]:

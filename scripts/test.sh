@@ -16,6 +16,11 @@ if ! command -v bwrap >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bubblewrap
 fi
+# the `rlm chat` test drives a real terminal through tmux
+if ! command -v tmux >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q tmux
+fi
 if [ ! -x "$PG_BIN/initdb" ]; then
     export RLM_PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")"
 fi

@@ -234,3 +234,38 @@ def reasoning_endpoint(responder: Callable[[dict], Reply | str]) -> Callable[[di
             return UNSUPPORTED_TEMPERATURE
         return responder(req)
     return wrapped
+
+
+def prompt_tokens_of(req: dict) -> int:
+    """A request's prompt size as this server counts it: characters of every message / 4."""
+    return sum(len(str(m.get("content") or "")) for m in req.get("messages") or []) // 4
+
+
+def context_length_exceeded(window: int, prompt: int, completion: int) -> Reply:
+    """OpenAI's 400 for a request past the model's window (``context_length_exceeded``), with
+    its published wording."""
+    return Reply(status=400, content=(
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the "
+        "completion). Please reduce the length of the messages or completion."),
+        error={"type": "invalid_request_error", "param": "messages",
+               "code": "context_length_exceeded"})
+
+
+class WindowedEndpoint:
+    """Wrap ``responder`` so the endpoint has a window of ``window`` tokens: a request whose
+    prompt (characters / 4) plus its ``max_tokens`` passes it gets OpenAI's 400
+    ``context_length_exceeded`` (:func:`context_length_exceeded`) and never reaches
+    ``responder``. ``rejected`` lists the sizes refused (prompt + completion, tokens)."""
+
+    def __init__(self, responder: Callable[[dict], Reply | str], window: int) -> None:
+        self.responder, self.window = responder, window
+        self.rejected: list[int] = []
+
+    def __call__(self, req: dict):
+        prompt = prompt_tokens_of(req)
+        completion = int(req.get("max_tokens") or req.get("max_completion_tokens") or 0)
+        if prompt + completion > self.window:
+            self.rejected.append(prompt + completion)
+            return context_length_exceeded(self.window, prompt, completion)
+        return self.responder(req)

@@ -111,6 +111,8 @@ class Accountant:
         self._cap_pusd = (None if budget.max_cost_usd is None
                           else _usd_to_pusd_floor(budget.max_cost_usd))
         self._cap_wall = budget.max_wall_seconds
+        self._cap_tools = budget.max_tool_calls
+        self._tools = 0  # tool calls admitted (this attempt and carried-over ones)
         # settled
         self._prompt = 0
         self._completion = 0
@@ -178,6 +180,8 @@ class Accountant:
             return self._cap_tokens, self._prompt + self._completion + self._o_tokens, tokens
         if cap == "cost":
             return self._cap_pusd, self._pusd + self._o_pusd, cost_pusd
+        if cap == "tool_calls":  # a model call asks none of it
+            return self._cap_tools, self._tools, 0
         return self._cap_wall, self._clock() - self._t0, 0.0
 
     def reserve(self, model: str, prompt_tokens: int, max_output_tokens: int,
@@ -444,6 +448,31 @@ class Accountant:
         if cap is not None and started + requested > cap:
             self._refuse("children")
             raise BudgetExceeded("children", cap, started, requested)
+
+    def admit_tool_call(self) -> None:
+        """Count one call of a user's host tool before it is made, or refuse it.
+
+        Raises:
+            BudgetExceeded: ``cap="tool_calls"`` when it would pass ``max_tool_calls``
+                (nothing is counted; the tool is not called).
+        """
+        with self._lock:
+            cap = self._cap_tools
+            if cap is not None and self._tools + 1 > cap:
+                self._refusals["tool_calls"] = self._refusals.get("tool_calls", 0) + 1
+                raise BudgetExceeded("tool_calls", cap, self._tools, 1)
+            self._tools += 1
+
+    def carry_over_tool_calls(self, calls: int) -> None:
+        """Start from the ``calls`` (int) tool calls earlier attempts of the run made (a resume:
+        the journal's ``tool_calls``, each attempt of a call counted)."""
+        with self._lock:
+            self._tools += int(calls)
+
+    def tool_calls(self) -> int:
+        """Tool calls counted so far (int: admitted here plus carried over)."""
+        with self._lock:
+            return self._tools
 
     def _refuse(self, cap: str) -> None:
         with self._lock:

@@ -60,6 +60,8 @@ CAPS: tuple[Cap, ...] = (
     Cap("max_tokens", "tokens", "tokens", 402, _call_tokens, True),
     Cap("max_cost_usd", "cost", "USD", 402, lambda u: u.get("cost_usd") or 0.0, True),
     Cap("max_wall_seconds", "wall", "s", 504, None, False),
+    # calls of the user's host tools (rlm.tools): counted per call admitted, never by model calls
+    Cap("max_tool_calls", "tool_calls", "calls", 402, None, False),
 )
 CAP_BY_NAME = {cap.name: cap for cap in CAPS}
 
@@ -84,6 +86,7 @@ class Budget:
             may make no sub-calls at all.
         max_children_per_call: children one call may start (int >= 0 | None).
         max_concurrency: model calls in flight at once (int >= 1, default 8).
+        max_tool_calls: calls of the user's host tools over the whole tree (int >= 0 | None).
 
     Raises:
         ValueError: a negative, non-finite or wrongly typed value (message names the field).
@@ -97,11 +100,12 @@ class Budget:
     max_depth: int = 1
     max_children_per_call: int | None = None
     max_concurrency: int = 8
+    max_tool_calls: int | None = None
 
     _INTS = ("max_tokens", "max_calls", "max_iterations", "max_depth",
-             "max_children_per_call", "max_concurrency")
+             "max_children_per_call", "max_concurrency", "max_tool_calls")
     _OPTIONAL = ("max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
-                 "max_children_per_call")
+                 "max_children_per_call", "max_tool_calls")
     _MIN_ONE = ("max_iterations", "max_concurrency")
 
     def __post_init__(self) -> None:

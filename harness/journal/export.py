@@ -2,8 +2,8 @@
 
 One JSON object per line, each with a ``"type"``, in this order: the run (``"run"``, the run
 record of ``harness.journal.runs``), its stages (``"stage"``), events (``"event"``), model calls
-(``"model_call"``) and cells (``"cell"``), each the dict the corresponding ``Journal`` reader
-returns plus ``"type"`` and ``"run_id"``. All records are read in one transaction, so the export is
+(``"model_call"``), cells (``"cell"``) and tool calls (``"tool_call"``), each the dict the
+corresponding ``Journal`` reader returns plus ``"type"`` and ``"run_id"``. All records are read in one transaction, so the export is
 a consistent snapshot even while the run is still writing.
 
 This module imports only the standard library and ``harness.journal``'s own modules.
@@ -26,6 +26,7 @@ from harness.journal.records import (
 )
 from harness.journal.runs import RUN_SELECT, run_record
 from harness.journal.store import Store
+from harness.journal.tool_calls import TOOL_CALL_SELECT, tool_call_record
 
 __all__ = ["JsonlExport"]
 
@@ -37,7 +38,8 @@ class JsonlExport(Store):
         """Write everything about ``run_id`` to the text stream ``fp``, one JSON object per line.
 
         Lines in order: the run (``"type": "run"``), its stages (``"stage"``), events
-        (``"event"``), model calls (``"model_call"``) and cells (``"cell"``), each a dict as
+        (``"event"``), model calls (``"model_call"``), cells (``"cell"``) and tool calls
+        (``"tool_call"``), each a dict as
         returned by the corresponding reader plus ``"type"`` and ``"run_id"``. The records are read
         in one transaction, so the export is a consistent snapshot.
 
@@ -51,9 +53,9 @@ class JsonlExport(Store):
         def read(conn: Any) -> list[list[tuple]]:
             return [conn.execute(sql, (run_id,)).fetchall()
                     for sql in (RUN_SELECT + " WHERE run_id = ?", STAGE_SELECT, EVENT_SELECT,
-                                CALL_SELECT, CELL_SELECT)]
+                                CALL_SELECT, CELL_SELECT, TOOL_CALL_SELECT)]
 
-        run_row, stage_rows, event_rows, call_rows, cell_rows = self._transaction(
+        run_row, stage_rows, event_rows, call_rows, cell_rows, tool_rows = self._transaction(
             f"export run {run_id!r}", read, immediate=False)
         if not run_row:
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
@@ -71,6 +73,8 @@ class JsonlExport(Store):
                 cell = cell_record(row)
                 # "seq" first, then "run_id": the key order the export has always written.
                 yield {"type": "cell", "seq": cell["seq"], "run_id": run_id, **cell}
+            for row in tool_rows:
+                yield {"type": "tool_call", "run_id": run_id, **tool_call_record(row)}
 
         n = 0
         for record in records():

@@ -10,6 +10,8 @@ Each group of methods lives with the records it writes::
       CellRecords       records.py   record_cell, cells
       SpendRecords      spend.py     record_spend, spend (the spend ledger: reservations
                                      before sending, settlements, releases)
+      ToolCallRecords   tool_calls.py  record_tool_start, record_tool_result, lookup_tool_call,
+                                     tool_calls, tool_call_attempts (the user's tool calls)
       JsonlExport       export.py    export_jsonl
     SQLiteJournal = Journal + SQLiteStore      (store.py: a file path)
     PostgresJournal = Journal + PostgresStore  (pg_store.py: a postgresql:// URL)
@@ -31,12 +33,13 @@ from harness.journal.records import CellRecords, ModelCallRecords, StageRecords
 from harness.journal.runs import RunRecords
 from harness.journal.spend import SpendRecords
 from harness.journal.store import SQLiteStore, Store
+from harness.journal.tool_calls import ToolCallRecords
 
 __all__ = ["Journal", "SQLiteJournal", "PostgresJournal"]
 
 
-class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendRecords, JsonlExport,
-              Store):
+class Journal(RunRecords, StageRecords, ModelCallRecords, CellRecords, SpendRecords,
+              ToolCallRecords, JsonlExport, Store):
     """An append-only journal of runs, in one SQLite file or one PostgreSQL database.
     Thread-safe; multi-process safe (and, on PostgreSQL, multi-host safe).
 

@@ -27,13 +27,16 @@ Tables (times are unix seconds, ``REAL``; JSON columns hold compact UTF-8 JSON t
 - ``spend`` (version 2): the spend ledger, append-only (triggers as for ``events``): every
   reservation of a model call, written *before* the call is sent, then its settlement or release,
   so a resumed run knows what its earlier attempts spent, including calls that were in flight
-  when the process died.
+  when the process died;
+- ``tool_calls`` (version 4): every call of a user's host tool, keyed ``(run_id, call_id)``
+  (the tool stage's id): written ``started`` before the tool is called, then ``done`` with its
+  result or ``failed`` with its error, so resume and replay serve it instead of calling again.
 
 Versions: 1 (runs, stages, events, model_calls, cells); 2 adds ``spend``; 3 adds the
 tamper-evident hash chain (``events.prev_hash``, ``events.hash``, and the
 unique index ``events_chain`` on ``(run_id, prev_hash)`` that keeps each chain linear), the hash of
 every model call's response (``model_calls.response_hash``) and the owner's boot id
-(``runs.owner_boot``).
+(``runs.owner_boot``); 4 adds ``tool_calls``.
 
 To change the schema: write ``_migrate_<v>_to_<v+1>(conn)`` (plain SQL both stores accept, or
 ``execute_script(conn, render(ddl, dialect_of(conn)))``), register it as ``_MIGRATIONS[v]`` and
@@ -55,7 +58,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "inspect", "is_current", "check",
            "STAGE_ON_CONFLICT"]
 
 #: The schema version this code writes, stored in ``PRAGMA user_version``.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: ``PRAGMA application_id`` of an rlm journal ("RLMJ"), so a foreign SQLite file is recognised.
 APPLICATION_ID = 0x524C4D4A
 
@@ -225,6 +228,26 @@ CREATE INDEX spend_by_run ON spend(run_id, seq);
 """
 
 
+#: Version 4: the user's tool calls (one row per call, updated from started to its result).
+_TOOLS_V4 = """
+CREATE TABLE tool_calls (
+    {rowid}
+    run_id       TEXT NOT NULL,
+    call_id      TEXT NOT NULL,             -- the tool stage's id
+    tool         TEXT NOT NULL,
+    request_hash TEXT NOT NULL,             -- request_hash({tool, args, kwargs})
+    request      TEXT NOT NULL,             -- JSON {tool, args, kwargs}
+    status       TEXT NOT NULL,             -- started (before the call), done, failed
+    result       TEXT,                      -- JSON: the tool's result (done)
+    error        TEXT,                      -- the tool's "Type: message" (failed)
+    attempts     INTEGER NOT NULL,          -- times the tool was called for this row
+    started_at   {real} NOT NULL,             -- unix seconds, the latest attempt's start
+    finished_at  {real},                      -- unix seconds
+    PRIMARY KEY (run_id, call_id)
+)
+"""
+
+
 def _migrate_0_to_1(conn: Any) -> None:
     """Version 0 is an empty journal: create the v1 schema."""
     execute_script(conn, render(_SCHEMA_V1, dialect_of(conn)))
@@ -242,10 +265,15 @@ def _migrate_2_to_3(conn: Any) -> None:
     execute_script(conn, render(_SCHEMA_V3, dialect_of(conn)))
 
 
+def _migrate_3_to_4(conn: Any) -> None:
+    """Add ``tool_calls`` (a journal of version 3 has no tool calls)."""
+    execute_script(conn, render(_TOOLS_V4, dialect_of(conn)))
+
+
 #: ``_MIGRATIONS[v]`` upgrades a journal from version ``v`` to ``v + 1`` inside the open
 #: transaction. Add one entry per schema change and bump ``SCHEMA_VERSION``.
 _MIGRATIONS: dict[int, Callable[[Any], None]] = {0: _migrate_0_to_1, 1: _migrate_1_to_2,
-                                                 2: _migrate_2_to_3}
+                                                 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 
 
 def inspect(conn: sqlite3.Connection) -> tuple[int, int, list[str]]:

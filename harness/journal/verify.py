@@ -42,7 +42,7 @@ __all__ = ["Violation", "Verdict", "verify_run", "verify_journal", "violation_ra
 _RUN_INPUTS = ("SELECT query, model, sub_model, max_depth, options, status, usage "
                "FROM runs WHERE run_id = ?")
 _STAGE_ROWS = "SELECT stage_id, status, stage FROM stages WHERE run_id = ? ORDER BY first_seq"
-_ANSWER_KINDS = ("child", "fallback", "llm_query")
+_ANSWER_KINDS = ("child", "fallback", "llm_query", "compaction")  # compaction: its summary
 _EPS = 1e-9
 
 

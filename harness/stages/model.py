@@ -62,6 +62,8 @@ class Kind(str, Enum):
     llm_query = "llm_query"
     child = "child"
     fallback = "fallback"
+    compaction = "compaction"  # older turns replaced by a summary (rlm.core.compaction)
+    tool = "tool"  # one call of a user's host tool (rlm.tools), under the cell that made it
 
     def __str__(self) -> str:
         return self.value

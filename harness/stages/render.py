@@ -25,6 +25,34 @@ def _call_notes(s: Stage) -> str:
     return (" " + " ".join(notes)) if notes else ""
 
 
+def _compaction_notes(s: Stage) -> str:
+    """A compaction's trigger, the request's size before and after (tokens) and the window."""
+    m = s.meta or {}
+    if s.kind.value != "compaction" or "before_tokens" not in m:
+        return ""
+    after = f"{m['after_tokens']:,}" if "after_tokens" in m else "?"
+    window = (m.get("window") or {}).get("tokens")
+    return (f" {m.get('trigger')}: {m['before_tokens']:,}->{after} tokens"
+            + (f" of {window:,}" if window else "")
+            + f", {m.get('dropped_messages', 0)} message(s) summarised")
+
+
+def _tool_notes(s: Stage) -> str:
+    """A tool stage's call and outcome (``search('x') -> [...]``), cut to one short line."""
+    if s.kind.value != "tool" or not s.meta:
+        return ""
+    m = s.meta
+    out = f"{m.get('call') or m.get('tool') or ''}"
+    if m.get("error"):
+        out += f" !! {m['error']}"
+    elif "result" in m:
+        out += f" -> {m['result']}"
+    if m.get("replayed"):
+        out += " (from the journal)"
+    out = " ".join(out.split())
+    return " " + (out if len(out) <= 160 else out[:157] + "...")
+
+
 def _reasoning_lines(text: str, indent: str) -> list[str]:
     rows = text.strip().splitlines()
     out = [f"{indent}reasoning | {r[:_REASONING_WIDTH]}" for r in rows[:REASONING_LINES]]
@@ -44,6 +72,7 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
     says when its usage was estimated (the endpoint reported none), when its reply was cut
     (``finish=length``) and which request parameters were adapted, and shows its reasoning
     (never executed) on ``reasoning |`` lines below it, cut to :data:`REASONING_LINES` lines.
+    A tool call shows the call, its result or error, and whether the journal served it.
 
     Args:
         run_id: the run's id (str); stages: the tree's stages in creation order.
@@ -118,4 +147,5 @@ def _node_line(s: Stage, u: Usage, indent: str, now: float) -> str:
     tail = s.id.rsplit("/", 1)[-1]
     model = f" {s.model}" if s.model else ""
     return (f"{indent}{tail} [{s.kind.value}] {s.status.value} L{s.level}{model} "
-            f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}{_call_notes(s)}")
+            f"tok={u.total_tokens} ${u.cost_usd:.6f} {secs}{_call_notes(s)}{_compaction_notes(s)}"
+            f"{_tool_notes(s)}")

@@ -34,6 +34,7 @@ EXIT_CODES = """exit codes:
   8    rlm verify found a violation (the first bad event is named on stderr)
   9    the journal failed under the run (connection lost, disk full, locked, removed) and
        stayed down past RLM_JOURNAL_RETRY_SECONDS; `rlm resume` it once the journal is back
+  10   resume stopped at a tool call that may have run already (its tool is not idempotent)
   130  interrupted (Ctrl-C)
 """
 
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rlm.cli.eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
     add_eval_parser(sub)
+    from rlm.cli.chat import add_parser as add_chat_parser  # rlm chat: a session
+    add_chat_parser(sub)
     return parser
 
 
@@ -325,6 +328,11 @@ def _cmd_export(args) -> int:
 def _cmd_serve(args) -> int:
     from rlm.serve import main as serve_main
     return serve_main(args)
+
+
+def _cmd_chat(args) -> int:
+    from rlm.cli.chat import cmd_chat
+    return cmd_chat(args)
 
 
 def _cmd_eval(args) -> int:
@@ -514,7 +522,8 @@ def _main(argv: list[str]) -> int:
     from rlm.errors import RLMError
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
-                "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval}
+                "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval,
+                "chat": _cmd_chat}
     from rlm.cli.views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

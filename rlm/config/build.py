@@ -24,6 +24,7 @@ from harness.budget.prices import PriceTable
 from rlm.errors import ConfigError
 from rlm.config.endpoint import endpoint_configured
 from rlm.config.options import ENDPOINT, OPTIONS, Option, Options
+from rlm.tools import as_tools, replay_tools, tool_records
 
 
 def _value(opt: Option, o: Mapping[str, Any], embedded: bool) -> Any:
@@ -72,6 +73,7 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str]) -
     for opt in OPTIONS:
         if opt.to_options:
             setattr(opts, opt.name, _value(opt, o, embedded))
+    opts.tools = as_tools(opts.tools)  # functions, specs, records -> checked rlm.tools.Tool
     if opts.system_template is None:
         opts.system_template = _template_file(opts.prompt)
     if opts.system_template is not None:
@@ -121,11 +123,13 @@ def stored_options(opts: Options, ctx: Any) -> dict:
         ``budget`` (:meth:`Budget.to_dict`), and ``context_source`` (absolute path, or None for
         a value, stdin or a many-file context), ``context_spec`` (a directory/glob/paths
         context: ``{sources, include, exclude, max_bytes}`` to load it again, else None),
-        ``context_fmt``, ``context_encoding``, ``context_sha256``. Never the API key.
+        ``context_fmt``, ``context_encoding``, ``context_sha256``, ``tools`` (each
+        :meth:`rlm.tools.Tool.record`). Never the API key.
     """
     d = {opt.name: getattr(opts, opt.name) for opt in OPTIONS if opt.stored and opt.has_attribute}
     d["embedded"] = opts.embedded
     d["budget"] = opts.budget.to_dict()
+    d["tools"] = tool_records(opts.tools)  # importable specs and the texts the prompt showed
     d["context_source"] = os.path.abspath(ctx.source) if ctx.source not in (
         "<value>", "<stdin>", "<bytes>") and ctx.fmt != "bundle" else None
     d["context_spec"] = getattr(ctx, "spec", None)
@@ -167,6 +171,8 @@ def resume_options(record: Mapping[str, Any]) -> dict[str, Any]:
         v = _recorded(opt, stored)
         if v is not None:
             out[opt.name] = v
+    if stored.get("tools"):  # imported again from their specs (rlm.tools.as_tools)
+        out["tools"] = list(stored["tools"])
     return out
 
 
@@ -184,4 +190,5 @@ def replay_options(record: Mapping[str, Any]) -> Options:
     for opt in OPTIONS:
         if opt.stored and opt.has_attribute and opt.name in stored:
             setattr(opts, opt.name, stored[opt.name])
+    opts.tools = replay_tools(stored.get("tools"))  # the prompt's texts; never called
     return opts

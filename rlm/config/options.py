@@ -53,6 +53,8 @@ class Options:
         provider: the endpoint's API (a name in :data:`rlm.models.base.PROVIDERS`).
         cell_timeout: [s] per executed block; the kernel is interrupted after it.
         max_output_chars: [characters] of cell output fed back per turn.
+        context_window: [tokens] the model's window for compaction (None: the embedded
+            server's or the table's; 0: compaction off); compact_at: [share] of it.
         max_completion_tokens: [tokens] output cap of root/child turns.
         sub_max_tokens: [tokens] output cap of ``llm_query`` and fallbacks.
         budget: every cap, and the one place each lives: cost, tokens, calls, wall seconds,
@@ -78,6 +80,8 @@ class Options:
     provider: str = DEFAULT_PROVIDER
     cell_timeout: float = 60.0
     max_output_chars: int = 4000
+    context_window: int | None = None  # tokens; None: known or none, 0: no compaction
+    compact_at: float = 0.8  # share of the window (rlm.core.compaction)
     max_completion_tokens: int = 1024
     sub_max_tokens: int = 512
     sub_prompt_chars: int = 6000
@@ -101,6 +105,8 @@ class Options:
     # embedding (rlm.core.schema): what FINAL must pass
     answer_schema: dict | None = None
     verify: Callable[[Any], Any] | None = None
+    tools: tuple = ()  # the user's host tools (rlm.tools.Tool), one call's limit [s]:
+    tool_timeout: float = 30.0
 
 
 
@@ -119,6 +125,8 @@ GROUP_TITLES = {ENDPOINT: "model endpoint (default: the embedded local model)",
 
 #: ``rlm`` commands whose flags come (partly) from the registry (``Option.commands``).
 RUN, RESUME, REPLAY, SERVE = "run", "resume", "replay", "serve"
+#: ``rlm chat`` (a session): every ``rlm run`` option but ``--run-id``, and the session caps.
+CHAT = "chat"
 JOURNAL_COMMANDS = (RUN, RESUME, REPLAY, SERVE, "show", "runs", "export", "verify")
 
 
@@ -324,6 +332,17 @@ OPTIONS: tuple[Option, ...] = (
            help="characters of cell output shown to the model per turn (default 4000; 2000 with "
                 "the embedded model)",
            doc="cell output shown to the model per block (characters)"),
+    Option("context_window", "--context-window", int, min=0, max=10**9, metavar="TOKENS",
+           group=LIMITS, commands=(RUN,), stored=True, doc_default="known or none",
+           switches=(Switch("--no-compaction", 0, "never compact (same as --context-window 0)"),),
+           help="the model's window in tokens, for compaction (default: the embedded server's "
+                "or the table's; 0: off)",
+           doc="the model's window (tokens) for [compaction](../compaction.md), overriding the "
+               "embedded server's and the hosted-model table's; `0`: off"),
+    Option("compact_at", "--compact-at", float, 0.8, min=0, min_exclusive=True, max=1.0,
+           metavar="SHARE", group=LIMITS, commands=(RUN,), stored=True,
+           help="compact when a request would pass this share of the window (default 0.8)",
+           doc="share of the window past which older turns are replaced by a summary"),
     Option("max_cost_usd", "--max-cost", float, min=0, min_exclusive=True, max=1e9, metavar="USD",
            group=LIMITS, commands=(RUN,), stored=True, budget_field="max_cost_usd",
            help="cost cap for the whole run tree, in USD",
@@ -348,6 +367,9 @@ OPTIONS: tuple[Option, ...] = (
            commands=(RUN,), stored=True, budget_field="max_concurrency",
            help="model calls in flight at once, and child RLMs running at once (default 8)",
            doc="model calls in flight at once, and child RLMs running at once"),
+    Option("max_tool_calls", "--max-tool-calls", int, min=0, max=10**12, metavar="N",
+           group=LIMITS, commands=(RUN,), stored=True, budget_field="max_tool_calls",
+           help="cap on calls of the user's tools (--tool)", doc="cap on tool calls (tree)"),
     Option("pool_size", "--pool-size", int, min=0, max=64, metavar="N", group=LIMITS,
            commands=(RUN,),
            help="pre-started idle kernels for children (default 0 at depth <= 1, else 2)",
@@ -388,6 +410,13 @@ OPTIONS: tuple[Option, ...] = (
                 "recorded with the run, so resume reads it again (give it to resume if it moved)",
            doc='JSON `{"model": {"input": USD/1M, "output": USD/1M}}`; its absolute path is '
                "recorded, and resume reads it again", doc_default="built-in"),
+    Option("tools", "--tool", object, (), metavar="MODULE:FUNCTION", commands=_RUN_RESUME,
+           repeat=True, doc_default="none", help="a host function the model's code may call "
+           "(module:function); repeatable; see docs/tools.md", doc="host functions the kernel "
+           "may call (functions, `rlm.tool`s, `module:function`); see [Tools](../tools.md)"),
+    Option("tool_timeout", "--tool-timeout", float, 30.0, min=0, min_exclusive=True,
+           max=86_400, metavar="S", commands=(RUN,), stored=True, help="seconds one tool call "
+           "may take (default 30)", doc="seconds one tool call may take, then `ToolError`"),
     # -- which run, where it is recorded -----------------------------------------------------
     Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
            check=run_id,
@@ -423,7 +452,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="system prompt profile: `small` (worked lookup example, for small models), "
                "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
                "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
-               "`{rlm_line}`, `{kernel_line}`, `{to_text}` (`{{`/`}}` for braces)",
+               "`{rlm_line}`, `{kernel_line}`, `{tools_line}`, `{to_text}` (`{{`/`}}`: braces)",
            doc_default="`general`; `small` on the embedded model"),
     Option("temperature", None, float, 0.0, min=0.0, max=2.0, stored=True,
            doc="sampling temperature of every model call"),
@@ -447,6 +476,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("cancel", None, object,
            doc="a `rlm.aio.CancelToken`: cancelling it ends the run (kernels shut down, "
                "journaled `cancelled`, resumable)"),
+    # -- sessions (rlm.session): caps over all of a session's questions ---------------------
+    Option("session_max_cost_usd", "--session-max-cost", float, min=0, min_exclusive=True,
+           max=1e9, metavar="USD", group=LIMITS, commands=(CHAT,),
+           help="cost cap over all the questions of the session, in USD",
+           doc="a session's cost cap over all its questions (USD)"),
+    Option("session_max_tokens", "--session-max-tokens", int, min=1, max=10**15, metavar="N",
+           group=LIMITS, commands=(CHAT,),
+           help="token cap (prompt + completion) over all the questions of the session",
+           doc="a session's token cap over all its questions"),
+    Option("session_max_calls", "--session-max-calls", int, min=1, max=10**12, metavar="N",
+           group=LIMITS, commands=(CHAT,),
+           help="cap on model calls over all the questions of the session",
+           doc="a session's model-call cap over all its questions"),
 )
 
 #: The options ``rlm serve`` takes as the defaults of its runs: its flags come from these entries,
@@ -457,9 +499,14 @@ SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "e
                  "embedded_threads", "max_attempts", "max_iterations", "max_depth", "cell_timeout",
                  "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
                  "max_children_per_call", "max_concurrency", "price_file", "sandbox",
-                 "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb")
+                 "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb",
+                 "tools", "max_tool_calls", "tool_timeout")
 OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,)) if o.name in SERVE_OPTIONS else o
                 for o in OPTIONS)
+OPTIONS = tuple(replace(o, commands=o.commands + (CHAT,), switches=tuple(
+                    replace(w, commands=w.commands + (CHAT,)) if RUN in w.commands else w
+                    for w in o.switches))
+                if RUN in o.commands and o.name != "run_id" else o for o in OPTIONS)
 
 #: Every accepted keyword name (frozenset of str).
 OPTION_NAMES = frozenset(o.name for o in OPTIONS)

@@ -104,7 +104,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHoo
     journal = hooks.journal if record else None
     try:
         run = RunTree(opts, hooks, run_id=run_id, recorded=recorded, client=client,
-                      adopt_head=not plain)
+                      adopt_head=not plain and hooks.session is None)
     except BaseException:  # a Ctrl-C during the set-up, say: no loop took the context
         ctx.discard()
         raise
@@ -164,6 +164,8 @@ def _set_up(run: RunTree, ctx: LoadedContext, query: str | None, hooks: RunHooks
         stored = stored_options(opts, ctx)
         if plain:
             stored["plain"] = True
+        if hooks.session is not None:  # the question's link to its session and predecessor
+            stored["session"] = dict(hooks.session.link)
         journal.create_run(run.run_id, query=query or "", model=opts.model,
                            sub_model=opts.sub_model, max_depth=opts.budget.max_depth,
                            options=stored)

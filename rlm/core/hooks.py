@@ -50,12 +50,16 @@ class RunHooks:
             raised into the run.
         on_progress: called with one line (str) per step of the run, or None (logged).
         cancel: a :class:`rlm.aio.CancelToken` (anything with ``attach(run_tree)``), or None.
+        session: the :class:`rlm.core.session_kernel.SessionKernel` of the session this run is
+            one question of (its root borrows the session's kernel, bridge and conversation),
+            or None.
     """
 
     journal: RunJournal | None = None
     listeners: Sequence[Callable[[dict], None]] = ()
     on_progress: Callable[[str], None] | None = None
     cancel: Any = None
+    session: Any = None
 
     @classmethod
     def from_options(cls, o: Mapping[str, Any], journal: RunJournal | None) -> "RunHooks":

@@ -23,9 +23,11 @@ from rlm.prompting import prompts
 from rlm.context.load import LoadedContext, describe
 from rlm.errors import ContextError, KernelError
 from rlm.prompting.parsing import parse_reply
+from rlm.core import compaction
 from rlm.core.run_tree import RunTree
 from rlm.core.schema import AnswerCheck
 from rlm.core.subcalls import Subcalls, interrupt_note
+from rlm.tools import kernel_specs, prompt_tools
 
 
 @dataclass
@@ -79,6 +81,9 @@ class RLMLoop:
         self.last_reply: str | None = None
         self._kernel_future: Task | None = None
         self._closed = False
+        # a session's question (rlm.core.session_kernel): the root borrows the session's
+        # kernel and conversation and gives them back at its close
+        self.held = getattr(run, "session", None) if level == 0 else None
         run.loops.append(self)
 
     def partial_answer(self) -> str | None:
@@ -98,11 +103,9 @@ class RLMLoop:
         opts = self.run_tree.opts
         if self.run_tree.fatal is not None:  # e.g. cancelled (rlm.aio) before it began: no kernel
             raise self.run_tree.fatal
-        system, task = opening(self.context, self.query, opts)
-        if self.check is not None:
-            task += "\n\n" + self.check.instructions()
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
-        self._kernel_future = self.run_tree.spawn(self._new_kernel)
+        messages = self._opening_messages()
+        if self.held is None or not self.held.attach(self):
+            self._kernel_future = self.run_tree.spawn(self._new_kernel)
         turns = max(1, opts.budget.max_iterations)
         for i in range(turns + 1):
             if i == turns:
@@ -113,14 +116,35 @@ class RLMLoop:
         return Outcome(None, "failed", self.iterations,
                        f"no FINAL after {turns} iterations and a last turn")
 
+    def _opening_messages(self) -> list[dict]:
+        """The conversation this loop starts from: the system prompt and the task; in a
+        session after its first question, the session's conversation so far and a message
+        opening the new question (:func:`rlm.prompting.prompts.next_question`)."""
+        held = self.held
+        if held is not None and held.messages is not None:
+            held.messages.append({"role": "user", "content": prompts.next_question(
+                held.question, self.query, held.untold(), held.answer)})
+            return held.messages
+        system, task = opening(self.context, self.query, self.run_tree.opts, level=self.level)
+        if self.check is not None:
+            task += "\n\n" + self.check.instructions()
+        added = held.untold() if held is not None else []
+        if added:  # contexts a session added before its first question
+            task += "\n\n" + "\n".join(prompts.context_lines(added))
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        if held is not None:
+            held.messages = messages
+        return messages
+
     def _turn(self, i: int, messages: list[dict]) -> str | None:
         """One iteration: a model call, then its code blocks; returns the answer or None.
         Appends the reply and the feedback to ``messages``."""
         run = self.run_tree
         with run.stage(self.stage_id, Kind.iteration, self.level, model=self.model) as it:
             self.iterations += 1
-            comp = run.model_call(it.id, self.level, messages, self.model,
-                                  run.opts.max_completion_tokens, scope=self.scope)
+            # kept within the model's window: older turns compacted first when needed
+            comp = compaction.attach(self).model_call(it, messages,
+                                                      run.opts.max_completion_tokens)
             # reasoning is never code: only the reply's visible text is parsed and kept in
             # the conversation; a reply cut at the output-token limit never runs its
             # unclosed last block, and the model is told
@@ -164,6 +188,8 @@ class RLMLoop:
             if run.fatal is not None:  # a divergence or a cancel: run no further cell
                 raise run.fatal
             with run.stage(iteration, Kind.cell, self.level) as cell:
+                if self.held is not None:  # a session's cut-off question replayed: its end
+                    self.held.before_cell(cell.id)
                 # the cell's sub-calls work under its scope: its interrupt cancels them
                 cell_scope = self.scope.child(cell.id)
                 self.current_cell, self.cell_scope = cell.id, cell_scope
@@ -219,7 +245,8 @@ class RLMLoop:
         path = self.context.share(kernel)
         stamp = self.context.stamp  # the user's own file, read in place: its size then
         code = bind_code(kernel.share_socket(run.bridge.path), self.reg.token, path, self.context.fmt,
-                         stamp[0] if stamp else None, checked=self.check is not None)
+                         stamp[0] if stamp else None, checked=self.check is not None,
+                         tools=kernel_specs(run.opts.tools, self.level))
         res, _ = kernel.execute(code, timeout=120)
         if res.error and res.error.startswith("ContextChanged:"):
             # named as the user knows it (the kernel may have read a private copy)
@@ -228,9 +255,12 @@ class RLMLoop:
                                "records; run again once nothing writes to it")
         if res.error:
             raise KernelError(f"could not load the context into the kernel: {res.error}")
+        if self.held is not None:  # a session's later contexts: context_1, ...
+            self.held.bind_added(kernel)
 
     def _new_kernel(self) -> Kernel:
-        k = self.run_tree.acquire_kernel()
+        k = (self.held.acquire(self.run_tree) if self.held is not None
+             else self.run_tree.acquire_kernel())
         try:
             self._bind(k)
         except BaseException:
@@ -323,6 +353,9 @@ class RLMLoop:
         self.scope.cancel("closed")  # whatever this loop's kernel still asks for is refused
         self.scope.close()
         fut, self._kernel_future = self._kernel_future, None
+        if self.held is not None:  # a session's root: the kernel goes back to the session
+            self._give_back(fut)
+            return
         if fut is not None:
             # never wait for a kernel still starting: it is shut down when it is ready
             def drop(task: Task) -> None:
@@ -340,14 +373,26 @@ class RLMLoop:
             self.kernel = None
         self.context.discard()
 
+    def _give_back(self, fut: Task | None) -> None:
+        """A session's root at its close: its kernel (waiting for one still starting) and
+        registration go back to the session, not shut down."""
+        if self.kernel is None and fut is not None and fut.wait(60):
+            try:
+                self.kernel = fut.result()
+            except BaseException:
+                pass
+        self.held.keep(self)
+        self.kernel = self.reg = None
 
-def opening(context: Any, query: str | None, opts: Any) -> tuple[str, str]:
+
+def opening(context: Any, query: str | None, opts: Any, level: int = 0) -> tuple[str, str]:
     """``(system prompt, first user message)`` a loop opens with, before an answer check's
     instructions: what the model reads first, for ``context`` (what
     :func:`rlm.context.load.describe` takes) under the run's options (``opts``: an
     :class:`~rlm.config.options.Options`). ``rlm eval`` hashes the same text into a trial's
-    identity."""
+    identity. ``level``: the loop's (0 = root), which decides the tools it lists."""
     system = prompts.system_prompt(describe(context), can_recurse=opts.budget.subcalls_allowed,
+                                   tools=prompt_tools(getattr(opts, "tools", ()), level),
                                    sub_chars=opts.sub_prompt_chars,
                                    max_output=opts.max_output_chars,
                                    template=opts.system_template, profile=opts.prompt)

@@ -125,7 +125,9 @@ class RunTree:
         self.sandbox_modes: set[str] = set()  # how the kernels it took ran
         self.pool = KernelPool(pool_size, head=take_head_start(self.sandbox) if adopt_head else None,
                                sandbox=self.sandbox)
-        self.bridge = BridgeServer(self._handle)
+        # a session's question: the session's bridge, so the token in its kernel stays valid
+        self.session = hooks.session
+        self.bridge = hooks.session.bridge if hooks.session else BridgeServer(self._handle)
         # children run in max_concurrency slots; plain items on as many threads
         self.scheduler = Scheduler(slots=options.budget.max_concurrency,
                                    workers=options.budget.max_concurrency)
@@ -488,7 +490,8 @@ class RunTree:
         for loop in list(self.loops):
             loop.close()
         self.pool.close()
-        self.bridge.close()
+        if self.session is None:  # a session's bridge outlives its questions
+            self.bridge.close()
         if self._own_client and self.client is not None:
             self.client.close()  # abandoned calls still reading give up now
 

@@ -31,12 +31,15 @@ from harness.errors import BudgetExceeded, DivergenceError
 from harness.journal.errors import JournalError
 from harness.stages.tree import Kind, Stage, Status
 from kernels.bridge import BridgeError
-from kernels.protocol import BATCHED_OPS, SUBCALL_OPS, ErrorKind, Op, item_error, item_ok
+from kernels.protocol import (BATCHED_OPS, SUBCALL_OPS, TOOL_OPS, ErrorKind, Op, item_error,
+                              item_ok)
 
 from rlm.prompting import prompts
 from rlm.context.load import load_context
 from rlm.errors import ChildRLMError, RLMError
+from rlm.core import compaction
 from rlm.core.schema import AnswerCheck, checked_completion, to_json_schema
+from rlm.tools.host import host_for
 
 
 class SubcallOwner(Protocol):
@@ -121,6 +124,8 @@ class Subcalls:
             BridgeError: depth 0, a model the run does not allow, a refused cap, a failed
                 child or endpoint (the kernel raises the matching exception).
         """
+        if op == Op.HISTORY:  # the loop's full transcript, at any depth (rlm.core.compaction)
+            return compaction.history(self.loop)
         budget = self.run_tree.opts.budget
         if op in SUBCALL_OPS and not budget.subcalls_allowed:
             raise BridgeError(ErrorKind.DEPTH_ERROR, f"{op} is disabled: this run has "
@@ -135,6 +140,9 @@ class Subcalls:
         try:
             # an interrupted cell (or a run past its wall cap) spends nothing more: each call
             # still gets its stage, which ends cancelled (or budget_exceeded) before sending
+            if op in TOOL_OPS:  # the user's host tools (rlm.tools), at every depth
+                return host_for(self.run_tree).handle(op, args, parent, self.loop.level, scope,
+                                                      self._run, to_bridge_error)
             if op == Op.LLM_QUERY:
                 return self.llm_query(parent, str(args.get("prompt", "")), model, scope=scope)
             if op == Op.RLM:

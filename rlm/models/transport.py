@@ -22,6 +22,7 @@ from rlm.errors import EndpointError
 from rlm.models.error_body import ErrorInReply, error_in_reply
 from rlm.models.retry import deadline_error, recorded_attempt, retry_policy
 from rlm.models.usage import UsageCounter
+from rlm.models.windows import overflow_error
 
 #: Longest wait (s) for a connection to the endpoint, within an attempt's timeout: the SDKs'
 #: own default (600 s, connect 5 s), which a plain number of seconds would replace. An
@@ -97,7 +98,11 @@ def http_status_error(exc: Any, base_url: str, attempts: int, hints: dict,
     """The :class:`~rlm.errors.EndpointError` of an HTTP error status an SDK raised (``exc``,
     with ``status_code`` and ``response``) after ``attempts`` attempts: the status, the
     provider's ``message``, and what to check (``hints`` by status; a redirect names its target,
-    since a plain-HTTP client does not follow it)."""
+    since a plain-HTTP client does not follow it). A request too long for the model's window
+    is a :class:`~rlm.models.windows.ContextWindowExceeded` (the loop compacts and retries)."""
+    over = overflow_error(exc, message, base_url)
+    if over is not None:
+        return over
     hint = hints.get(exc.status_code, "")
     location = exc.response.headers.get("location") if 300 <= exc.status_code < 400 else None
     if location:

@@ -24,7 +24,8 @@ __all__ = ["LiveState", "make_display", "plain_line", "follow_run", "watch_runs"
 _TERMINAL = {"completed", "failed", "cancelled", "budget_exceeded"}
 _DOING = {"model_call": "waiting for the model", "cell": "executing code",
           "llm_query": "sub-call", "fallback": "fallback completion (depth limit)",
-          "child": "child RLM", "iteration": "iteration", "run": "run"}
+          "child": "child RLM", "iteration": "iteration", "run": "run", "tool": "tool call",
+          "compaction": "compacting the conversation"}
 _STYLE = {"completed": "green", "failed": "red", "budget_exceeded": "dark_orange",
           "cancelled": "grey50", "running": "cyan", "pending": "grey62", "crashed": "red"}
 
@@ -49,6 +50,7 @@ class LiveState:
         self.n_stages = 0
         self.problems: list[str] = []          # lines about failed/stopped stages
         self.ended: str | None = None          # why the run ended, when not with an answer
+        self.tool_calls: set[str] = set()      # tool stages that called their tool
         self._lock = threading.Lock()
 
     def update(self, stage: Mapping, ts: float | None = None) -> None:
@@ -65,6 +67,9 @@ class LiveState:
             for k in range(4):
                 self.totals[k] += new[k] - old[k]
             self.own[sid] = new
+            if (stage.get("kind") == "tool" and stage.get("started_at")
+                    and not (stage.get("meta") or {}).get("replayed")):
+                self.tool_calls.add(sid)
             if stage.get("status") in _TERMINAL:
                 was = self.active.pop(sid, None)
                 if stage.get("kind") == "run":
@@ -99,7 +104,8 @@ class LiveState:
                              f"  {elapsed:.1f} s elapsed · {n} stages · {len(active)} active")
         caps = Table.grid(padding=(0, 2))
         row = []
-        used_by = {"tokens": tin + tout, "cost": cost, "calls": calls, "wall": elapsed}
+        used_by = {"tokens": tin + tout, "cost": cost, "calls": calls, "wall": elapsed,
+                   "tool_calls": len(self.tool_calls)}
         for c in CAPS:
             label, used, cap, fmt = c.name, used_by[c.name], self.caps[c.field], _SHOW[c.unit]
             if cap:

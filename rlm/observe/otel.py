@@ -136,9 +136,12 @@ class _Emitter:
 
 def span_name(stage: Mapping[str, Any]) -> str:
     """A stage's span name: ``chat MODEL`` for a model call (the GenAI conventions'
-    ``{gen_ai.operation.name} {gen_ai.request.model}``), ``rlm.KIND`` for every other stage."""
+    ``{gen_ai.operation.name} {gen_ai.request.model}``), ``execute_tool NAME`` for a call of a
+    user's tool, ``rlm.KIND`` for every other stage."""
     if stage.get("kind") == "model_call":
         return f"chat {stage.get('model') or ''}".strip()
+    if stage.get("kind") == "tool":  # the GenAI conventions' execute_tool span
+        return f"execute_tool {(stage.get('meta') or {}).get('tool') or ''}".strip()
     return f"rlm.{stage.get('kind')}"
 
 
@@ -174,6 +177,18 @@ def span_attributes(run_id: str, st: Mapping[str, Any], call: Mapping | None = N
         a["rlm.model"] = st["model"]
     if st.get("kind") == "model_call":
         a.update(_genai(st, call))
+    if st.get("kind") == "tool":  # a call of the user's tool (rlm.tools)
+        tm = st.get("meta") or {}
+        a.update({"gen_ai.operation.name": "execute_tool",
+                  "gen_ai.tool.name": tm.get("tool") or "", "gen_ai.tool.call.id": st["id"],
+                  "rlm.tool.replayed": bool(tm.get("replayed"))})
+    meta = st.get("meta") or {}
+    if st.get("kind") == "compaction" and "before_tokens" in meta:  # rlm.core.compaction
+        a.update({"rlm.compaction.trigger": str(meta.get("trigger") or ""),
+                  "rlm.compaction.before_tokens": int(meta["before_tokens"]),
+                  "rlm.compaction.after_tokens": int(meta.get("after_tokens") or 0),
+                  "rlm.compaction.window_tokens": int((meta.get("window") or {}).get("tokens")
+                                                      or 0)})
     return a
 
 

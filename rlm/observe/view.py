@@ -80,7 +80,13 @@ def _stage_text(st: Mapping, call: Mapping | None, limit: int) -> dict | None:
                     t[flag] = True
             if ev.get("final") is not None:
                 t["final"] = _cut(ev.get("final"), limit)
-    elif kind in ("llm_query", "fallback", "child", "run", "iteration"):
+    elif kind == "tool":  # a call of the user's tool: the call, and its result or error
+        meta = st.get("meta") or {}
+        t["call"] = _cut(meta.get("call"), limit)
+        t["answer"] = _cut(meta.get("result") if "result" in meta else meta.get("error"), limit)
+        if meta.get("replayed"):
+            t["replayed"] = True
+    elif kind in ("llm_query", "fallback", "child", "run", "iteration", "compaction"):
         if ev is not None:
             t["answer"] = _cut(ev, limit)
         if kind == "run":

@@ -47,7 +47,7 @@ Functions you can call in your code:
 It reads at most about {sub_chars} characters, so give it a small piece of `context` \
 together with the question, never the whole `context`.
 - `llm_query_batched(prompts)` does the same for a list of prompts at once and returns a list of answers.
-{rlm_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives \
+{rlm_line}{tools_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives \
 the value of the variable `name` as the final answer.
 - `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
 {kernel_line}
@@ -112,7 +112,7 @@ reads about {sub_chars} characters at most, so pass it one piece of `context` pl
 question, never the whole input.
 - `llm_query_batched(prompts)`: many such completions at once (they run concurrently); returns \
 a list of strings in the same order. Prefer it to a loop of `llm_query` calls.
-{rlm_line}- `FINAL(answer)`: submit the final answer and stop. `FINAL_VAR("name")` submits the \
+{rlm_line}{tools_line}- `FINAL(answer)`: submit the final answer and stop. `FINAL_VAR("name")` submits the \
 value of a variable.
 - `print(...)`: output longer than {max_output} characters is cut, so print summaries, \
 counts and short slices. What you `display(...)` reaches you as text (Markdown, tables); \
@@ -193,6 +193,29 @@ LAST_TURN = ("This is your last turn. Call FINAL(answer) in a ```repl block now 
              "answer from what you found so far.")
 
 
+def tools_line(tools: list[dict] | None) -> str:
+    """What the system prompt says of the user's tools (``{tools_line}``; "" without any):
+    each one's name, signature and the first paragraph of its docstring, then how to batch.
+
+    Args:
+        tools: ``{"name", "signature", "summary"}`` per tool (:func:`rlm.tools.prompt_tools`).
+    """
+    if not tools:
+        return ""
+    rows = ["- Tools: functions that run outside the REPL, on the host. Call them like any "
+            "function; their arguments and results are JSON values (str, numbers, bool, None, "
+            "lists, dicts with str keys):"]
+    rows += [f"  - `{t['name']}{t['signature']}`" + (f": {t['summary']}" if t["summary"] else "")
+             for t in tools]
+    first = tools[0]["name"]
+    rows.append(f"  For many calls at once, `tools.map(\"{first}\", [args1, args2, ...])` runs "
+                "them concurrently and returns their results in the same order (each item a "
+                "tuple of arguments, a dict of keyword arguments, or one value). "
+                f"`help({first})` shows a tool's whole docstring; a failed call raises "
+                "`ToolError`.")
+    return "\n".join(rows) + "\n"
+
+
 def format_meta(meta: dict) -> str:
     """One sentence of context metadata for the system prompt (a dict's ``listing`` as is)."""
     if meta.get("listing"):
@@ -211,7 +234,7 @@ def format_meta(meta: dict) -> str:
 
 def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
                   max_output: int = 4000, template: str | None = None,
-                  profile: str = "small") -> str:
+                  profile: str = "small", tools: list[dict] | None = None) -> str:
     """The system prompt for one RLM loop.
 
     Args:
@@ -224,17 +247,24 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
             be left out).
         profile: a key of :data:`PROFILES` (``"small"`` or ``"general"``); an unknown name
             (e.g. a template file's path, already read into ``template``) means ``small``.
+        tools: the user's tools at this loop's level (:func:`tools_line`); a template without
+            ``{tools_line}`` gets their lines at its end.
     """
     base = PROFILES.get(profile, PROFILES["small"])[0]
-    return (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
-                                       max_output=f"{max_output:,}",
-                                       rlm_line=RLM_LINE if can_recurse else "",
-                                       kernel_line=KERNEL_LINE,
-                                       to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
+    text = tools_line(tools)
+    out = (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
+                                      max_output=f"{max_output:,}",
+                                      rlm_line=RLM_LINE if can_recurse else "",
+                                      kernel_line=KERNEL_LINE, tools_line=text,
+                                      to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
+    if text and template and "{tools_line}" not in template:
+        out += "\n\n" + text.rstrip("\n")  # the model must hear of the tools somewhere
+    return out
 
 
 #: The fields a system prompt template may use (``{meta}`` ...; ``{{``/``}}`` for braces).
-TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "kernel_line", "to_text")
+TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "kernel_line", "tools_line",
+                   "to_text")
 
 
 def check_template(template: str) -> str | None:
@@ -259,6 +289,28 @@ def first_user(query: str | None, profile: str = "small") -> str:
     if not query:
         return FIRST_USER_NO_QUERY
     return (PROFILES.get(profile, PROFILES["small"])[1] or FIRST_USER).format(query=query)
+
+
+def next_question(number: int, query: str | None, added: list, answer: str | None) -> str:
+    """The user message that opens question ``number`` (>= 2) of a session, after the
+    conversation so far: the last answer, the contexts added since (``added``: ``(index,
+    describe() metadata)`` pairs), that the kernel and its variables are still there, then the
+    question (or, without one, where to find the task)."""
+    said = (answer if len(answer or "") <= 500 else answer[:500] + " ...") if answer else None
+    lines = [f"Question {number - 1} is over" + (f"; your answer was: {said}" if said else
+                                                   " without an answer") + ".",
+             f"A new question (number {number}) begins. The kernel is the same: `context` and "
+             "every variable you made are still there (SHOW_VARS() lists them)."]
+    lines += context_lines(added)
+    lines.append(f"Question: {query}" if query else
+                 "The new task is at the start of the newest context.")
+    return "\n".join(lines)
+
+
+def context_lines(added: list) -> list[str]:
+    """One line per context a session added (``(index, describe() metadata)`` pairs)."""
+    return [f"New context: `context_{i}` (also `contexts[{i}]`; `contexts` lists them all); "
+            + format_meta(meta) for i, meta in added]
 
 
 def cell_feedback(index: int, code_blocks: int, output: str, error: str | None,
@@ -291,3 +343,48 @@ def truncate(text: str, limit: int) -> str:
 def subcall_prompt(prompt: str, query: str | None) -> str:
     """The user message of a plain completion (``llm_query`` or a depth-limit fallback)."""
     return prompt if not query else f"{prompt}\n\nQuestion: {query}"
+
+
+# compaction (rlm.core.compaction): the summary call, and the message that carries the summary
+
+COMPACT_SYSTEM = """You write the working notes of an assistant that answers a task by \
+writing Python code in a REPL (a Jupyter kernel whose variables persist). Its conversation \
+has grown too long for its model's window, so the older turns are replaced by your notes. \
+Write them so it can go on without the turns themselves:
+1. What was learned: facts found, partial results, numbers, candidate answers (quote them exactly).
+2. The variables that hold results: each name and what it holds.
+3. What was tried and did not work.
+4. What is left to do.
+Be concise and exact. Plain text only: no code blocks, no FINAL."""
+
+
+def compact_request(task: str, previous: str | None, turns: str) -> str:
+    """The user message of the summary call: the task, the notes of an earlier compaction
+    (``previous``) and the turns to condense (``turns``, as text)."""
+    parts = [f"The task:\n{task}"]
+    if previous:
+        parts.append(f"Notes written at an earlier compaction:\n{previous}")
+    parts.append(f"The turns to condense, oldest first:\n{turns}")
+    parts.append("Write the notes now.")
+    return "\n\n".join(parts)
+
+
+def compacted_task(task: str, summary: str, dropped: int, compactions: int) -> str:
+    """The first user message after a compaction: the task as given, then what happened and
+    the notes (``summary``); ``dropped``: messages replaced so far, ``compactions``: how many
+    compactions."""
+    return (f"{task}\n\n---\n[The conversation was compacted ({compactions} time(s)): "
+            f"{dropped} earlier message(s) were replaced by the notes below to stay within the "
+            "model's window. The REPL is untouched: every variable is still there (print it "
+            "again, or SHOW_VARS()). The full transcript is in the kernel as `history`, a list "
+            "of {'role', 'content'} dicts, oldest first: e.g. "
+            "print(history[-4]['content'][:2000]).]\n\nNotes on the earlier turns:\n"
+            f"{summary}")
+
+
+def transcript_text(messages: list, limit: int | None = None) -> str:
+    """``messages`` as one text, each headed by its role; each content cut to ``limit``
+    characters (head and tail kept) when given."""
+    return "\n\n".join(f"[{m.get('role')}]\n"
+                       + (truncate(str(m.get("content") or ""), limit) if limit
+                          else str(m.get("content") or "")) for m in messages)

@@ -6,6 +6,7 @@ upstream server whose script each test sets. Runs use real kernels.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -58,11 +59,20 @@ def served(tmp_path_factory):
                                    kwargs={"poll_interval": 0.02}, daemon=True)
     srv.__enter__()
     port = closed_port()
+    # a host tool the served runs may call (tests/tools/tools_helpers.py), on a real database
+    tools_dir = Path(__file__).resolve().parent.parent / "tools"
+    sys.path.insert(0, str(tools_dir))
+    import tools_helpers
+    tools_helpers.make_db(str(tmp / "staff.db"))
+    env = clean_env()
+    env.update(TOOLS_TEST_DB=str(tmp / "staff.db"), TOOLS_TEST_COUNT=str(tmp / "calls.txt"),
+               PYTHONPATH=os.pathsep.join([str(tools_dir), env.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlm", "serve", "--port", str(port), "--api-key", KEY,
          "--max-concurrent-runs", str(SLOTS), "--base-url", srv.base_url,
-         "--upstream-api-key", API_KEY, "--model", MODEL, "--journal", str(tmp / "j.sqlite3")],
-        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
+         "--upstream-api-key", API_KEY, "--model", MODEL, "--journal", str(tmp / "j.sqlite3"),
+         "--tool", "tools_helpers:lookup"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
     base = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 60
     while True:
@@ -79,6 +89,15 @@ def served(tmp_path_factory):
     proc.terminate()
     proc.wait(timeout=20)
     srv.__exit__(None, None, None)
+
+
+def test_a_served_run_calls_the_servers_tool(served):
+    client, srv, up, _, journal = served
+    up.responder = lambda req: repl("FINAL(lookup('carol')['team'])")
+    r = ask(client, "Which team is Carol on?")
+    assert r.choices[0].message.content == "search"
+    calls = (journal.parent / "calls.txt").read_text().splitlines()
+    assert calls[-1] == "lookup carol"
 
 
 def ask(client, content="What is the code?", **kw):

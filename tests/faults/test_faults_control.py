@@ -179,17 +179,45 @@ def test_kind4_nothing_outlives_the_wall_cap(tmp_path):
 # --------------------------------------------------------------------------- kind 5
 
 
+class CellInterrupter:
+    """Interrupts the root loop's running cell as the host does at a cell's interrupt: its
+    cancel scope cancelled (the kernel is interrupted through ``stop``). A cell's own timeout no
+    longer runs while the cell waits on its sub-calls, so these tests interrupt it this way.
+    Passed as ``cancel=``: the run hands it its run tree (``attach``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+        self._timer: threading.Timer | None = None
+
+    def attach(self, run_tree) -> None:
+        self.run = run_tree
+
+    def fire(self) -> None:
+        scope = self.run.loops[0].cell_scope if self.run and self.run.loops else None
+        if scope is not None:
+            scope.cancel("interrupted")
+
+    def after(self, seconds: float) -> None:
+        """Fire ``seconds`` from now (once: later calls do nothing)."""
+        if self._timer is None:
+            self._timer = threading.Timer(seconds, self.fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+
 def test_kind5_interrupted_cell_stops_spending(api, tmp_path):
     """A cell's interrupt cancels the batched items it started that were not sent (stage
     cancelled, nothing charged), abandons those in flight without blocking the next turn,
     refuses the cell's later calls, and tells the model how many were cancelled."""
     seen = {"turn1_at": None, "feedback": None, "first_sub": None}
     lock = threading.Lock()
+    interrupter = CellInterrupter()
 
     def sub(req):
         with lock:
             seen["first_sub"] = seen["first_sub"] or time.monotonic()
-        time.sleep(6.0)  # in flight long after the cell's 3 s timeout
+        interrupter.after(3.0)
+        time.sleep(6.0)  # in flight long after the cell's interrupt at 3 s
         return Reply("item-answer", usage={"prompt_tokens": 5, "completion_tokens": 2})
 
     def turn1(req):
@@ -208,8 +236,8 @@ def test_kind5_interrupted_cell_stops_spending(api, tmp_path):
         "    llm_query('one more')",
         "except Exception as e:",
         "    print('refused:', type(e).__name__, e)")
-    res, srv = api(script([turn0, turn1], sub=sub), cell_timeout=3, max_concurrency=2,
-                   max_iterations=3)
+    res, srv = api(script([turn0, turn1], sub=sub), cell_timeout=30, max_concurrency=2,
+                   max_iterations=3, cancel=interrupter)
     assert res.status == "completed" and res.answer == "done", res.reason
     subs = [r for r in srv.requests if not is_root(r)]
     # 2 places, 6 s per item: the 2 first items were in flight at the interrupt, the rest unsent
@@ -239,12 +267,14 @@ def test_kind5_interrupt_cancels_nested_children_and_ctrl_c(tmp_path):
     children it started (depth 2); Ctrl-C on the CLI sends nothing more and exits 130."""
     state = {"after_sigint": 0, "sigint": False}
     lock = threading.Lock()
+    interrupter = CellInterrupter()
 
     def responder(req):
         with lock:
             if state["sigint"]:
                 state["after_sigint"] += 1
         if not is_root(req):
+            interrupter.after(5.0)  # the root's cell, about 5 s into its children's leaves
             time.sleep(1.0)
             return "leaf"
         system = req["messages"][0]["content"]
@@ -258,8 +288,8 @@ def test_kind5_interrupt_cancels_nested_children_and_ctrl_c(tmp_path):
 
     with ScriptedServer(responder) as srv:
         res = rlm.completion("root context here", "q", base_url=srv.base_url, api_key="k",
-                             model="m", max_depth=2, cell_timeout=5, max_concurrency=2,
-                             journal=False)
+                             model="m", max_depth=2, cell_timeout=30, max_concurrency=2,
+                             journal=False, cancel=interrupter)
         sent_by_children = sum(1 for r in srv.requests if not is_root(r))
         assert res.status == "completed" and res.answer == "root done", res.reason
         # two children, 30 one-second leaves each, 2 at a time: the interrupt at ~5 s stopped them
@@ -269,12 +299,12 @@ def test_kind5_interrupt_cancels_nested_children_and_ctrl_c(tmp_path):
         assert sum(s.status == "cancelled" for s in leaves) >= 60 - 12
         children = [s for s in res.tree.all() if s.kind == "child"]
         assert children and all(s.status in ("cancelled", "failed") for s in children)
-        # the root's cell ran into its own timeout; its children's cells were interrupted by
-        # it, which is not a timeout of theirs
+        # the root's cell was interrupted; its children's cells were interrupted by it, and
+        # neither is a timeout (their own work took no time: they waited on sub-calls)
         cells = [s for s in res.tree.all() if s.kind == "cell" and s.evidence]
         root_cell = next(s for s in cells if s.level == 0 and "rlm_batched" in
                          s.evidence["code"])
-        assert root_cell.evidence["timed_out"] and not root_cell.evidence["interrupted"]
+        assert root_cell.evidence["interrupted"] and not root_cell.evidence["timed_out"]
         child_cells = [(s.status, s.evidence) for s in cells if s.level == 1]
         assert child_cells or not sent_by_children  # leaves are sent by a child's cell only
         assert all(ev["interrupted"] and not ev["timed_out"]

@@ -525,7 +525,7 @@ def test_close_stops_heartbeats_and_refuses_use(jpath):
 def test_new_file_gets_current_version(jpath):
     Journal(jpath).close()
     con = raw(jpath)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     con.close()

@@ -15,8 +15,9 @@ import pytest
 from kernels import protocol, runtime
 from kernels.bridge import BridgeError, BridgeServer
 from kernels.protocol import (BATCHED_OPS, ERROR_ATTRS, FINAL_EXPR, FINAL_KEY, SUBCALL_OPS,
-                              ErrorKind, Op, bind_code, decode_error, encode_error, parse_final,
+                              TOOL_OPS, ErrorKind, Op, bind_code, decode_error, encode_error, parse_final,
                               recv_message, send_message)
+from kernels.tool_stubs import tool_names
 from kernels.secrets import (KERNEL_ENV_ALLOW, SECRET_NAME, is_secret_name, kernel_env,
                              without_secrets)
 
@@ -59,8 +60,11 @@ def test_a_frame_that_is_not_json_raises_and_the_stream_stays_in_sync():
 
 
 def test_op_sets():
-    assert SUBCALL_OPS == _names(Op)
+    assert SUBCALL_OPS == {Op.LLM_QUERY, Op.LLM_QUERY_BATCHED, Op.RLM, Op.RLM_BATCHED}
+    assert SUBCALL_OPS | TOOL_OPS <= _names(Op) and not SUBCALL_OPS & TOOL_OPS
     assert BATCHED_OPS == {Op.LLM_QUERY_BATCHED, Op.RLM_BATCHED} <= SUBCALL_OPS
+    # bind() registers the tools' ToolError (kernels.tool_stubs), with or without tools
+    tool_names([], vars(runtime))
     assert set(ERROR_ATTRS) == _names(ErrorKind) == set(runtime.ERROR_CLASSES)
     for kind, cls in runtime.ERROR_CLASSES.items():
         assert cls.__name__ == kind  # the kind names the in-kernel exception
