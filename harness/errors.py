@@ -83,5 +83,7 @@ class UnfinishedToolCall(DivergenceError):
             f"recorded its result, and {tool!r} is not marked idempotent, so resume will not "
             "call it again (it may have done its work already). Check in the system it acts on "
             f"whether that call took effect. If calling it again is safe, mark the tool "
-            f"idempotent (rlm.tool(idempotent=True) or read_only=True) and resume again; "
+            f"idempotent (rlm.tool(fn, idempotent=True) or read_only=True; from the CLI, "
+            "`name = rlm.tool(fn, idempotent=True)` in your module and --tool module:name) "
+            "and resume again; "
             "otherwise start a new run.")

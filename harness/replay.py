@@ -71,6 +71,8 @@ class Replay:
         self.journal, self.run_id, self.strict, self.policy = journal, run_id, strict, policy
         self.served = 0
         self.tools_served = 0
+        self._tools_taken: set[str] = set()  # recorded tool calls served (each serves once)
+        self._tool_rows: list[dict] | None = None  # the recorded run's, read when first needed
         self.live_from: str | None = None
         self.divergences: list[dict] = []
         self._lock = threading.Lock()
@@ -135,6 +137,14 @@ class Replay:
             DivergenceError: as above.
         """
         rec = self.journal.lookup_tool_call(self.run_id, call_id)
+        same = rec is not None and self._tool_ok(rec, req_hash)
+        if same and self._take_tool(call_id):
+            with self._lock:
+                self.tools_served += rec["status"] != "started"
+            return rec
+        sibling = self._tool_sibling(call_id, req_hash)
+        if sibling is not None:
+            return sibling
         if rec is None:
             refused = self.refusal(call_id) if self.strict else None
             if refused is not None:
@@ -145,10 +155,11 @@ class Replay:
                                       f"{self.run_id}; the run took a different path (a replay "
                                       "never calls a tool)")
             return None
-        if rec["request_hash"] == req_hash and request_hash(rec["request"]) == req_hash:
-            with self._lock:
-                self.tools_served += rec["status"] != "started"
-            return rec
+        if same:  # served already, to a sibling: the cell made this call more often than then
+            raise DivergenceError(
+                f"divergence at tool call {call_id} ({rec['tool']}): the cell makes this call "
+                f"more often than the recorded run {self.run_id} did. Nothing was served from "
+                "the journal for it.")
         with self._lock:
             self.divergences.append({"call_id": call_id, "recorded_hash": rec["request_hash"],
                                      "new_hash": req_hash})
@@ -160,6 +171,38 @@ class Replay:
             f"ones recorded in run {self.run_id}. Nothing was served from the journal for it. "
             + ("The recorded run is unchanged; a replay cannot pass this point." if self.strict
                else "Resume with --on-divergence live to call it with the new arguments."))
+
+    @staticmethod
+    def _tool_ok(rec: dict, req_hash: str) -> bool:
+        return rec["request_hash"] == req_hash and request_hash(rec["request"]) == req_hash
+
+    def _take_tool(self, call_id: str) -> bool:
+        """Mark the recorded tool call ``call_id`` served; False if it was already."""
+        with self._lock:
+            if call_id in self._tools_taken:
+                return False
+            self._tools_taken.add(call_id)
+            return True
+
+    def _tool_sibling(self, call_id: str, req_hash: str) -> dict | None:
+        """A finished recorded tool call of the same cell with the same request, not served
+        yet: the tool calls one cell makes from threads or processes get their ordinals in
+        the order they happen to arrive, so they are matched as a set (as its plain
+        sub-calls are), each recorded call serving once."""
+        parent = call_id.rsplit("/", 1)[0]
+        with self._lock:
+            if self._tool_rows is None:
+                self._tool_rows = list(self.journal.tool_calls(self.run_id))
+            rows = self._tool_rows
+        for rec in rows:
+            cid = rec["call_id"]
+            if (cid.rsplit("/", 1)[0] == parent and cid.rsplit("/", 1)[-1].startswith("tool-")
+                    and rec["status"] in ("done", "failed") and self._tool_ok(rec, req_hash)
+                    and self._take_tool(cid)):
+                with self._lock:
+                    self.tools_served += 1
+                return rec
+        return None
 
     def refusal(self, call_id: str) -> dict | None:
         """How the recorded run refused ``call_id`` (``{"cap", "limit", "used", "requested"}``),

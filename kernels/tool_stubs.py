@@ -36,7 +36,7 @@ def json_problem(value: Any, where: str = "the value", depth: int = 0) -> str | 
     if value is None or isinstance(value, (bool, int, str)):
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{where} is {value!r}, which JSON cannot hold"
+        return None if math.isfinite(value) else f"{where} is {value!r} (not a finite number)"
     if depth > _DEEPEST:
         return f"{where} is nested more than {_DEEPEST} levels deep (or holds itself)"
     if isinstance(value, (list, tuple)):

@@ -101,6 +101,17 @@ class _UpToItsEnd(Replay):
         return super().lookup(call_id, req_hash)
 
 
+def _cut_cells(journal: Any, run_id: str) -> dict[str, float]:
+    """The root cells of a cut-off question that were interrupted (stage ``cancelled``), with
+    the seconds each ran (``ended_at - started_at``, at least 0.05)."""
+    out = {}
+    for st in journal.stages(run_id):
+        if st.get("kind") == "cell" and st.get("level") == 0 and st.get("status") == "cancelled":
+            ran = (st.get("ended_at") or 0) - (st.get("started_at") or st.get("created_at") or 0)
+            out[st["id"]] = max(0.05, ran)
+    return out
+
+
 def _ended_first(turn: dict | None, call: dict) -> bool:
     """True if ``turn`` (a root ``iteration`` stage record) ended no later than ``call``."""
     if not turn or turn.get("kind") != "iteration" or turn.get("level") != 0:
@@ -200,6 +211,12 @@ class Session:
         held = self._held
         number = held.question + 1
         run_id = question_run_id(self.session_id, number)
+        if self._journal is not None and self._journal.get_run(run_id) is not None:
+            raise ConfigError(
+                f"question {number} of session {self.session_id!r} is already in the journal "
+                f"{self._journal.path}: another Session with this id asked it (two open "
+                "sessions cannot share one id). Use another session_id, or, once the other "
+                f"is closed, continue it with rlm.Session.resume({self.session_id!r})")
         held.question, held.link = number, self._link(number, base)
         hooks = replace(RunHooks.from_options(o, self._journal), session=held)
         try:
@@ -361,13 +378,14 @@ class Session:
                       else Replay(self._journal, rec["run_id"], strict=True))
             if cut:
                 held.cells = {c["stage_id"] for c in self._journal.cells(rec["run_id"])}
+                held.cut = _cut_cells(self._journal, rec["run_id"])
             try:
                 res = drive(replay_options(rec), held.first, query, hooks=hooks,
                             run_id=rec["run_id"], recorded=served, record=False)
             except CutOff:
                 res = Result.from_record(rec)
             finally:
-                held.cells = None
+                held.cells = held.cut = None
             if res.answer != rec.get("answer"):
                 raise DivergenceError(f"replay of question {held.question} (run "
                                       f"{rec['run_id']}) reached {res.answer!r} instead of "
@@ -384,7 +402,8 @@ class Session:
     # closing ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError(f"session {self.session_id} is closed")
+            raise ConfigError(f"session {self.session_id} is closed; continue it with "
+                              f"rlm.Session.resume({self.session_id!r})")
 
     def _close_journal(self) -> None:
         if self._own_journal and self._journal is not None:

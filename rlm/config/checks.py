@@ -62,6 +62,20 @@ def run_id(v: Any) -> str | None:
     return None
 
 
+#: The smallest window compaction works in (tokens): a system prompt of either profile is about
+#: 700-1,300 tokens, and a compacted conversation needs room for it, the task, a summary and a
+#: turn.
+MIN_CONTEXT_WINDOW = 2048
+
+
+def context_window(v: Any) -> str | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < MIN_CONTEXT_WINDOW:
+        return (f"must be 0 (compaction off) or at least {MIN_CONTEXT_WINDOW:,} tokens, got "
+                f"{v!r}: a smaller window cannot hold the system prompt and a turn, so every "
+                "turn would be compacted and still not fit")
+    return None
+
+
 def price_file(v: Any) -> str | None:
     if not isinstance(v, (str, os.PathLike)):
         return f"must be a path, got {type(v).__name__} {v!r}"

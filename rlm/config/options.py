@@ -35,7 +35,8 @@ from kernels.bwrap import MODES as SANDBOX_MODES
 
 from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
                                  external_endpoint)
-from rlm.config.checks import http_url, patterns, price_file, prompt_profile, run_id
+from rlm.config.checks import (context_window, http_url, patterns, price_file,
+                                prompt_profile, run_id)
 from rlm.errors import ConfigError
 from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS
 from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
@@ -334,6 +335,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="cell output shown to the model per block (characters)"),
     Option("context_window", "--context-window", int, min=0, max=10**9, metavar="TOKENS",
            group=LIMITS, commands=(RUN,), stored=True, doc_default="known or none",
+           check=context_window,
            switches=(Switch("--no-compaction", 0, "never compact (same as --context-window 0)"),),
            help="the model's window in tokens, for compaction (default: the embedded server's "
                 "or the table's; 0: off)",

@@ -188,16 +188,19 @@ class RLMLoop:
             if run.fatal is not None:  # a divergence or a cancel: run no further cell
                 raise run.fatal
             with run.stage(iteration, Kind.cell, self.level) as cell:
-                if self.held is not None:  # a session's cut-off question replayed: its end
-                    self.held.before_cell(cell.id)
                 # the cell's sub-calls work under its scope: its interrupt cancels them
                 cell_scope = self.scope.child(cell.id)
+                # a session's cut-off question replayed: where it ended (see before_cell)
+                cut = (self.held.before_cell(cell.id, cell_scope) if self.held is not None
+                       else None)
                 self.current_cell, self.cell_scope = cell.id, cell_scope
                 try:
                     res = self.run_cell(code, cell_scope)
                 finally:
                     self.current_cell, self.cell_scope = None, None
                     cell_scope.close()
+                if cut is not None:
+                    cut()
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = {"code": code, "output": out, "final": res.final,
                                  "timed_out": res.timed_out, "interrupted": res.interrupted,

@@ -68,6 +68,8 @@ class SessionKernel:
         self.answer: str | None = None
         #: while a cut-off question is replayed: the ids of the cells its run recorded
         self.cells: set[str] | None = None
+        #: ... and the cells it was interrupted in: id -> seconds each ran before the cut
+        self.cut: dict[str, float] | None = None
         self._told = 1  # contexts the model has been told of
         self._lock = threading.Lock()
         self._closed = False
@@ -115,13 +117,31 @@ class SessionKernel:
             self.bridge.unregister(self.reg.token)
             self.reg = None
 
-    def before_cell(self, cell_id: str) -> None:
-        """Called by the root loop before it runs a cell.
+    def before_cell(self, cell_id: str, scope: Any) -> Any:
+        """Called by the root loop before it runs a cell, with the cell's cancel scope.
 
+        Returns:
+            None, or, for the cell a replayed cut-off question was interrupted in (Ctrl-C, a
+            cancel), a callable the loop calls once the cell is back, which raises
+            :class:`CutOff`: the cell is interrupted after as long as it ran then (its code
+            up to about that point runs again, so the kernel gets the same variables), and
+            the question ends there, its output unread, as it did.
         Raises:
-            CutOff: a cut-off question is replayed and its run never got to this cell."""
+            CutOff: a cut-off question is replayed and its run never got to this cell.
+        """
         if self.cells is not None and cell_id not in self.cells:
             raise CutOff(cell_id)
+        seconds = (self.cut or {}).get(cell_id)
+        if seconds is None:
+            return None
+        timer = threading.Timer(seconds, scope.cancel, ("interrupted",))
+        timer.daemon = True
+        timer.start()
+
+        def end() -> None:
+            timer.cancel()
+            raise CutOff(cell_id)
+        return end
 
     def bind_added(self, kernel: Kernel) -> None:
         """Bind every context after the first in ``kernel`` (a new kernel, or a restarted one).

@@ -189,12 +189,14 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
 def _check_name(name: str) -> str:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ConfigError(f"tool name {name!r} is not a Python identifier; name it with "
-                          "rlm.tool(fn, name='...')")
+                          "rlm.tool(fn, name='...') (from the CLI: `mytool = rlm.tool(fn, "
+                          "name='mytool')` in a module of yours, then --tool module:mytool)")
     if (name.startswith("_") or name in RESERVED_NAMES or _RESERVED_PATTERN.fullmatch(name)
             or hasattr(builtins, name)):
         raise ConfigError(f"tool name {name!r} is taken in the kernel (a reserved name, a "
                           "builtin or a private one); give the tool another name with "
-                          "rlm.tool(fn, name='...')")
+                          "rlm.tool(fn, name='...') (from the CLI: `mytool = rlm.tool(fn, "
+                          "name='mytool')` in a module of yours, then --tool module:mytool)")
     return name
 
 

@@ -306,6 +306,8 @@ def _given(o):
         return not o.default
     if o.choices:
         return [c for c in o.choices if c != o.default][0]
+    if o.name == "context_window":
+        return 9000
     if o.type is int:
         return int(o.min or 0) + 2
     if o.type is float:

@@ -145,3 +145,51 @@ def test_a_cancelled_question_mid_session_replays_up_to_where_it_was_cut(scripte
         assert [(r.status, r.answer) for r in s.results] == [
             ("completed", "1"), ("cancelled", None), ("completed", "2")]
         assert s.ask("four").answer == "20"
+
+
+def test_a_question_cut_off_inside_its_cell_resumes_with_the_cells_variables(scripted,
+                                                                             tmp_path):
+    """Ctrl-C (a cancel) while a cell runs: the resumed session runs that cell again for as
+    long as it ran, then ends the question there without reading its output, as it did; the
+    next question's request is then the one recorded (before, the replay ran the cell to its
+    end, fed its output back and diverged at question 2's first call)."""
+    import threading
+    import time
+
+    from rlm.aio import CancelToken
+    replies = [repl("import time", "x = 5", "time.sleep(20)", "x = 6"), repl("FINAL(x)"),
+               repl("FINAL(x * 10)")]
+    srv = scripted(script(replies))
+    o = _opts(srv, tmp_path / "j.sqlite3")
+    o["cell_timeout"] = 60
+    with rlm.Session("c", session_id="cutcell", **o) as s:
+        token = CancelToken()
+        threading.Timer(1.5, token.cancel).start()
+        with pytest.raises(KeyboardInterrupt):
+            s.ask("slow", cancel=token)
+        assert s.ask("after").answer == "5"
+    sent = len(srv.requests)
+    t0 = time.monotonic()
+    with rlm.Session.resume("cutcell", contexts=["c"], **o) as s:
+        assert len(srv.requests) == sent
+        assert time.monotonic() - t0 < 15  # the cell was cut again, not slept to its end
+        assert [(r.status, r.answer) for r in s.results] == [("cancelled", None),
+                                                             ("completed", "5")]
+        assert s.ask("ten times").answer == "50"
+
+
+def test_two_open_sessions_with_one_id_and_a_closed_one_say_what_to_do(scripted, tmp_path):
+    srv = scripted(script([repl("FINAL(1)"), repl("FINAL(2)")]))
+    o = _opts(srv, tmp_path / "j.sqlite3")
+    s1, s2 = rlm.Session("c", session_id="dup", **o), rlm.Session("c", session_id="dup", **o)
+    try:
+        assert s2.ask("first").answer == "1"
+        with pytest.raises(rlm.errors.ConfigError, match="another Session with this id") as e:
+            s1.ask("second")
+        assert "Session.resume('dup')" in str(e.value)
+    finally:
+        s1.close()
+        s2.close()
+    with pytest.raises(rlm.errors.ConfigError, match=r"closed; continue it with "
+                                                     r"rlm.Session.resume\('dup'\)"):
+        s2.ask("after close")
