@@ -47,7 +47,7 @@ def test_breadth_first_gives_every_cell_its_first_trial_before_any_its_second():
                                                        ("a", 36000), ("b", 36000)]
 
 
-def test_a_cell_is_estimated_from_its_own_trials_then_from_all():
+def test_a_cell_is_estimated_from_its_own_trials_only():
     budget = TimeBudget(100, recorded=[
         {"task": "a", "length": 8000, "method": "rlm", "depth": 1, "profile": "small",
          "model": "m", "wall_s": 30.0},
@@ -56,7 +56,10 @@ def test_a_cell_is_estimated_from_its_own_trials_then_from_all():
         {"task": "b", "length": 8000, "method": "rlm", "depth": 1, "profile": "small",
          "model": "m", "wall_s": 200.0, "failure": "cancelled"}])  # teaches nothing
     assert budget.estimate(Spec("a", 8000, 2)) == 40.0
-    assert budget.estimate(Spec("b", 8000, 0)) == 40.0  # no trial of its own yet: all of them
+    assert budget.estimate(Spec("b", 8000, 0)) is None  # no trial of its own yet
+    budget.record({"task": "z", "length": 8000, "method": "rlm", "depth": 1,
+                   "profile": "small", "model": "m", "wall_s": 5000.0})
+    assert budget.admit(Spec("b", 8000, 0))  # another cell's 5,000 s say nothing of this one
     assert budget.admit(Spec("a", 8000, 2))
     budget.record({"task": "c", "length": 8000, "method": "rlm", "depth": 1,
                    "profile": "small", "model": "m", "wall_s": 150.0})
