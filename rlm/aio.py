@@ -26,7 +26,8 @@ from typing import Any, Callable
 from rlm.api import RLM
 from rlm.result import Result
 
-__all__ = ["AsyncRLM", "CancelToken", "RunCancelled", "acompletion", "safe_listener"]
+__all__ = ["AsyncRLM", "CancelToken", "RunCancelled", "acompletion", "await_cancellable",
+           "safe_listener"]
 
 
 class RunCancelled(KeyboardInterrupt):
@@ -130,6 +131,25 @@ def _in_thread(fn: Callable[[], Any]) -> asyncio.Future:
     return fut
 
 
+async def await_cancellable(fut: "asyncio.Future", token: CancelToken, grace: float) -> Any:
+    """The result of ``fut`` (a run on its thread, cancelled through ``token``). When the
+    awaiting task is cancelled, the run is cancelled too and given ``grace`` seconds to wind
+    down (its stages journaled ``cancelled``) before ``asyncio.CancelledError`` goes on.
+
+    Raises:
+        asyncio.CancelledError: the awaiting task was cancelled. Else what ``fut`` raises.
+    """
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        token.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), grace)
+        except BaseException:  # noqa: BLE001 - the run's own end (RunCancelled) or the grace
+            pass
+        raise
+
+
 class AsyncRLM:
     """The async counterpart of :class:`rlm.RLM`: same options, ``await r.completion(...)``.
 
@@ -159,15 +179,7 @@ class AsyncRLM:
         """
         token = cancel or CancelToken()
         fut = _in_thread(lambda: self._sync.completion(context, query, cancel=token, **overrides))
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            token.cancel()
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), self.grace)
-            except BaseException:  # noqa: BLE001 - the run's own end (RunCancelled) or timeout
-                pass
-            raise
+        return await await_cancellable(fut, token, self.grace)
 
     async def aclose(self) -> None:
         """Stop the embedded model server, if one was started (off the event loop)."""

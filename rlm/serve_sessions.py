@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from rlm.aio import CancelToken
+from rlm.aio import CancelToken, await_cancellable
 from rlm.serve_errors import APIError
 
 log = logging.getLogger("rlm")
@@ -115,15 +115,7 @@ class ServeSessions:
         def free(_: Any) -> None:
             live.last, live.busy = time.monotonic(), False
         fut.add_done_callback(free)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            token.cancel()
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), self.grace)
-            except BaseException:  # noqa: BLE001 - the question's own end, or the grace
-                pass
-            raise
+        return await await_cancellable(fut, token, self.grace)
 
     def _reap(self) -> None:
         """Close sessions idle past the timeout, every few seconds until :meth:`close`."""
