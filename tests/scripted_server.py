@@ -112,10 +112,12 @@ class ScriptedServer:
                     outer.call_ids.append(self.headers.get("X-RLM-Call-Id"))
                     outer.auth.append(self.headers.get("Authorization"))
                 try:
-                    # the responder also sees the call id header as "_call_id", and the
-                    # client's (host, port) as "_peer": which connection the request came on
+                    # the responder also sees the call id header as "_call_id", the client's
+                    # (host, port) as "_peer" (which connection the request came on) and the
+                    # Authorization header as "_auth" (which credentials: which process)
                     rep = outer.responder(dict(req, _call_id=self.headers.get("X-RLM-Call-Id"),
-                                               _peer=self.client_address))
+                                               _peer=self.client_address,
+                                               _auth=self.headers.get("Authorization")))
                 except Exception as exc:  # a bug in a test's script: make it loud
                     rep = Reply(content=f"responder error: {exc!r}", status=500)
                 if isinstance(rep, str):
