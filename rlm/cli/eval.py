@@ -108,6 +108,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="trials at once on this machine, each with its own kernels (default 2)")
     r.add_argument("--max-cost-per-trial", type=float, metavar="USD",
                    help="cost cap of each trial (needs a price for the model)")
+    r.add_argument("--trial-timeout", type=float, metavar="S",
+                   help="wall-clock cap of each trial's run, in seconds (default: none); a "
+                        "trial stopped by it is recorded as budget_exceeded, a result like any "
+                        "other, so a sweep's slowest trials cannot take its whole time")
     r.add_argument("--price-file", metavar="PATH|URL", help='JSON prices {"model": {"input": '
                    'USD/1M, "output": USD/1M}} for the cost cap (default: the built-in table)')
     r.add_argument("--journal", metavar="PATH|URL", help="journal of the trials' runs (default "
@@ -202,6 +206,8 @@ def grid_from_args(args):
         raise ConfigError(f"--n must be >= 1, got {args.n}")
     if args.max_cost_per_trial is not None and not args.max_cost_per_trial > 0:
         raise ConfigError(f"--max-cost-per-trial must be > 0, got {args.max_cost_per_trial}")
+    if args.trial_timeout is not None and not 0 < args.trial_timeout <= 10**9:
+        raise ConfigError(f"--trial-timeout must be > 0 seconds, got {args.trial_timeout}")
     if args.base_window is not None and args.base_window <= 2048:
         raise ConfigError(f"--base-window must be > 2048 tokens, got {args.base_window}")
     window = args.base_window or (embedded_window(model) if base_url is None else None)
@@ -214,7 +220,7 @@ def grid_from_args(args):
                 depths=sorted(set(_ints(args.depths, "--depths", 0, MAX_DEPTH_LIMIT))),
                 profiles=_profiles(args.prompt, base_url is None), n=args.n, seed=args.seed,
                 model=model, base_url=base_url, api_key_env=api_var,
-                max_cost_per_trial=args.max_cost_per_trial,
+                max_cost_per_trial=args.max_cost_per_trial, trial_timeout=args.trial_timeout,
                 journal=_journal_spec(args.journal),
                 sample_factory=args.sample_factory,
                 price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)

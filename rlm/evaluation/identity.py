@@ -101,6 +101,8 @@ def run_options(spec: Any) -> dict:
     on top of its endpoint's (:meth:`~rlm.evaluation.trial.TrialSpec.endpoint_options`),
     besides the run id, the journal and the cancel handle."""
     opts: dict[str, Any] = {"max_cost_usd": spec.max_cost_per_trial}
+    if getattr(spec, "trial_timeout", None) is not None:
+        opts["max_wall_seconds"] = spec.trial_timeout
     if spec.method == "rlm":
         opts["max_depth"] = spec.depth
         if spec.profile is not None:

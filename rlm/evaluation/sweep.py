@@ -52,7 +52,8 @@ class Grid:
     Attributes:
         tasks (names), lengths (tokens), methods, depths, profiles: the axes; n: trials per
             cell (sample indices 0..n-1); seed: the samples' seed.
-        model, base_url, api_key_env, max_cost_per_trial (USD), journal, base_window (tokens),
+        model, base_url, api_key_env, max_cost_per_trial (USD), trial_timeout (seconds),
+        journal, base_window (tokens),
         sample_factory, price_file, embedded_threads, embedded_slots: as in
         :class:`TrialSpec` (``journal`` None: the sweep's own, ``OUT/journal.sqlite3``).
     """
@@ -68,6 +69,7 @@ class Grid:
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_cost_per_trial: float | None = None
+    trial_timeout: float | None = None
     journal: str | None = None
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None
@@ -79,7 +81,8 @@ class Grid:
         """Every trial, shortest lengths first, then by trial index (so early results cover
         every cell), then task and method."""
         common = dict(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
-                      max_cost_per_trial=self.max_cost_per_trial, journal=self.journal,
+                      max_cost_per_trial=self.max_cost_per_trial,
+                      trial_timeout=self.trial_timeout, journal=self.journal,
                       base_window=self.base_window, sample_factory=self.sample_factory,
                       price_file=self.price_file, embedded_threads=self.embedded_threads,
                       embedded_slots=self.embedded_slots)

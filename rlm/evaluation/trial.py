@@ -50,6 +50,8 @@ class TrialSpec:
         api_key_env: the environment variable holding the API key (the key itself is never in a
             spec, a record or ``sweep.json``).
         max_cost_per_trial: cost cap of one trial (USD) or None.
+        trial_timeout: wall-clock cap of one trial's run (seconds; the run option
+            ``max_wall_seconds``) or None. A trial stopped by it is ``budget_exceeded``.
         journal: the journal's path, or None for the default journal of the process running it.
         base_window: the model's window (tokens, prompt + output) the ``base`` prompt must fit.
         sample_factory: ``"module:function"`` making samples instead of
@@ -77,6 +79,7 @@ class TrialSpec:
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_cost_per_trial: float | None = None
+    trial_timeout: float | None = None
     journal: str | None = None
     base_window: int = DEFAULT_BASE_WINDOW
     sample_factory: str | None = None

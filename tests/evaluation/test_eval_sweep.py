@@ -280,6 +280,31 @@ def test_bad_setup_is_a_clear_error(scripted, tmp_path):
         assert r["cost_usd"] == pytest.approx(r["tokens"] * 100.0 / 1e6)
 
 
+def test_trial_timeout_caps_each_trial(scripted, tmp_path):
+    """--trial-timeout is each trial's wall cap: a root turn slower than it ends the trial as
+    budget_exceeded (a result), while the fast trials of the same sweep complete."""
+    from scripted_server import Reply
+
+    def slow_hard(req):
+        text = "\n".join(str(m.get("content") or "") for m in req.get("messages") or [])
+        return Reply(content=responder(req), delay=10.0 if "Q[hard#" in text else 0.0)
+    srv = scripted(slow_hard)
+    env = env_with_factory()
+    out = tmp_path / "out"
+    assert_clean_error_cli(rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3", 1,
+                                             "--trial-timeout", "0"), env), "--trial-timeout")
+    res = rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3", 1, "--methods", "rlm",
+                            "--depths", "1", "--trial-timeout", "4"), env)
+    assert res.returncode == 0, res.stderr
+    by_task = {r["task"]: r for r in read_jsonl(out / "trials.jsonl")}
+    assert by_task["easy"]["status"] == "completed" and by_task["easy"]["correct"], by_task["easy"]
+    hard = by_task["hard"]
+    assert (hard["status"], hard["failure"], hard["correct"]) == (
+        "budget_exceeded", "budget_exceeded", False), hard
+    assert hard["wall_s"] < 8.0, hard  # cut at the cap, not after the slow reply
+    assert hard["identity"]["settings"]["max_wall_seconds"] == 4.0
+
+
 def test_sigkill_mid_sweep_then_rerun_pays_no_call_twice(scripted, tmp_path):
     from scripted_server import Reply
     srv = scripted(lambda req: Reply(content=responder(req), delay=0.4))
