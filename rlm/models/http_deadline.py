@@ -6,6 +6,10 @@ timeout from ever firing. Here the ``openai`` client's connection pool gets a ne
 that cuts every connect, read and write to the deadline of the call being made on this thread
 (:func:`deadline`), and raises the pool's own timeout error once it has passed. So a call ends
 at its deadline whatever the server does: never answers, answers slowly, trickles, resets.
+Given a cancel handle too, a wait for the reply is cut into slices of :data:`CANCEL_POLL`
+seconds and ends soon after the handle is set: a cancelled run does not wait out a reply that
+takes minutes (a long prefill on a small local model). A socket read that times out consumes
+nothing, so waiting again after a slice loses no byte.
 
 Both ``httpcore`` and ``httpcore2`` pools (what ``httpx`` / ``httpx2`` use) are wrapped by duck
 typing; :func:`install` says whether the client's layout was recognised
@@ -24,16 +28,20 @@ __all__ = ["deadline", "install"]
 
 _local = threading.local()
 
+#: Seconds between two looks at the cancel handle while a read waits (see :func:`deadline`).
+CANCEL_POLL = 0.25
+
 
 @contextmanager
-def deadline(at: float | None) -> Iterator[None]:
-    """Network I/O on this thread inside the block ends by ``at`` (``time.monotonic()``)."""
-    prev = getattr(_local, "at", None)
-    _local.at = at
+def deadline(at: float | None, cancel: Any = None) -> Iterator[None]:
+    """Network I/O on this thread inside the block ends by ``at`` (``time.monotonic()``), and
+    soon after ``cancel`` (anything with ``is_set()``: an Event, a cancel scope) is set."""
+    prev = getattr(_local, "at", None), getattr(_local, "cancel", None)
+    _local.at, _local.cancel = at, cancel
     try:
         yield
     finally:
-        _local.at = prev
+        _local.at, _local.cancel = prev
 
 
 def _cut(timeout: float | None, error: type[BaseException]) -> float | None:
@@ -51,7 +59,23 @@ class _Stream:
         self._inner, self._errors = inner, errors
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _cut(timeout, self._errors.ReadTimeout))
+        cancel = getattr(_local, "cancel", None)
+        if cancel is None:
+            return self._inner.read(max_bytes, _cut(timeout, self._errors.ReadTimeout))
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if cancel.is_set():
+                raise self._errors.ReadTimeout("the call was cancelled")
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise self._errors.ReadTimeout("timed out")
+            wait = CANCEL_POLL if left is None else min(CANCEL_POLL, left)
+            try:
+                return self._inner.read(max_bytes, _cut(wait, self._errors.ReadTimeout))
+            except self._errors.ReadTimeout:
+                # a slice ran out (or the call's deadline: _cut raises at once next time)
+                if getattr(_local, "at", None) is not None and _local.at <= time.monotonic():
+                    raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         return self._inner.write(buffer, _cut(timeout, self._errors.WriteTimeout))

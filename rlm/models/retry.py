@@ -206,9 +206,12 @@ def recorded_attempt(send: Callable[[float | None], Any], attempts: list[dict], 
         except Exception as exc:
             attempts.append({"n": n, "seconds": round(time.monotonic() - a0, 4),
                              "error": f"{type(exc).__name__}: {exc}"[:500]})
-            if transient(exc):
+            ended = (cancel is not None and cancel.is_set()) or (
+                deadline is not None and time.monotonic() + DEADLINE_SLACK >= deadline)
+            if transient(exc) and not ended:
                 # the first failure of a call is shown (a retried call may wait a minute in
-                # all); the rest with -v
+                # all); the rest with -v. A call cut by its cancel or deadline is not retried
+                # and says so where it ends (the run's cancelled or wall-cap message)
                 log.log(logging.WARNING if n == 1 else logging.INFO,
                         "model call to %s failed (attempt %d of %d%s): %s", label, n,
                         max_attempts, ", retrying" if n < max_attempts else "",

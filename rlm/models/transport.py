@@ -204,14 +204,14 @@ class SDKClient:
         return self._sdk().APITimeoutError(request=None)  # type: ignore[arg-type]
 
     # sending ------------------------------------------------------------------------------
-    def _create(self, client, kwargs: dict, deadline: float | None):
-        """One HTTP attempt that ends by ``deadline`` whatever the server does: every network
-        read and write is cut to it (:mod:`rlm.models.http_deadline`); if that could not be
-        installed in this SDK version, the attempt runs on a helper thread left behind at the
-        deadline."""
+    def _create(self, client, kwargs: dict, deadline: float | None, cancel: Any = None):
+        """One HTTP attempt that ends by ``deadline`` whatever the server does, and soon after
+        ``cancel`` is set: every network read and write is cut to them
+        (:mod:`rlm.models.http_deadline`); if that could not be installed in this SDK version,
+        the attempt runs on a helper thread left behind at the deadline or the cancel."""
         from rlm.models import http_deadline
-        if deadline is None or self._hard_deadline:
-            with http_deadline.deadline(deadline):
+        if self._hard_deadline or (deadline is None and cancel is None):
+            with http_deadline.deadline(deadline, cancel):
                 return self._post(client, kwargs)
         box: dict = {}
 
@@ -222,7 +222,12 @@ class SDKClient:
                 box["error"] = exc
         t = threading.Thread(target=attempt, daemon=True, name="rlm-http")
         t.start()
-        t.join(max(0.0, deadline - time.monotonic()))
+        while t.is_alive() and not (cancel is not None and cancel.is_set()):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            t.join(http_deadline.CANCEL_POLL if left is None else
+                   min(http_deadline.CANCEL_POLL, left))
         if t.is_alive():
             raise self._timeout_error()
         if "error" in box:
@@ -241,7 +246,8 @@ class SDKClient:
             # the attempt's timeout as a request option: ``with_options`` would copy the
             # whole client (and its resource objects) on every attempt
             body = self._create(self._client, kwargs if t is None else
-                                dict(kwargs, timeout=http_timeout(self._sdk(), t)), deadline)
+                                dict(kwargs, timeout=http_timeout(self._sdk(), t)), deadline,
+                                cancel)
             failed = error_in_reply(body)  # a 200 that says it failed is that failure
             if failed is not None:
                 raise failed

@@ -139,3 +139,51 @@ def test_cancelled_run_marks_open_stages_cancelled(scripted):
 
     assert asyncio.run(main()) == "cancelled"
     assert srv.count == 0 and not live_kernels()
+
+
+def test_a_cancel_ends_a_model_call_in_flight_at_once(scripted, tmp_path):
+    """A root turn whose reply takes a minute (a long prefill on a small local model): the
+    cancel ends the HTTP wait within a second, the run is journaled cancelled, nothing is
+    retried, and the same run id resumes."""
+    from scripted_server import Reply
+    state = {"slow": True}
+
+    def responder(req):
+        if state["slow"]:
+            return Reply(content=repl("FINAL('late')"), delay=60.0)
+        return repl("FINAL('resumed')")
+    srv = scripted(responder)
+    journal = tmp_path / "j.sqlite3"
+    from rlm.aio import CancelToken
+    token = CancelToken()
+    o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=str(journal),
+             run_id="slow-reply", cancel=token)
+    import threading
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = rlm.completion("ctx", "q?", **o)
+        except BaseException as exc:  # noqa: BLE001 - the cancel's own end
+            box["error"] = exc
+        box["ended"] = time.monotonic()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while srv.count < 1:  # the root's first call is in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    token.cancel()
+    t.join(30)
+    assert not t.is_alive()
+    took = box["ended"] - t0
+    assert took < 3.0, took  # not the 60 s the reply would have taken
+    assert "result" not in box, box
+    assert srv.count == 1  # the cut call was not sent again
+    assert Journal(str(journal)).get_run("slow-reply")["state"] == "cancelled"
+    assert not live_kernels()
+    state["slow"] = False
+    res = rlm.completion("ctx", "q?", **dict(o, cancel=None))
+    assert res.status == "completed" and res.answer == "resumed"
