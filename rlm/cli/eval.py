@@ -79,9 +79,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--depths", default="0,1,2", metavar="LIST",
                    help=f"max_depth values of the rlm method, 0..{MAX_DEPTH_LIMIT} (default 0,1,2)")
     g.add_argument("--prompt", metavar="LIST",
-                   help="rlm prompt profiles: small, general, or a prompt file's path; "
-                        "comma-separated (default small,general with the embedded model, "
-                        "general with an endpoint)")
+                   help="rlm prompt profiles: small, small-count, general, or a prompt "
+                        "file's path; comma-separated (default small,general with the embedded "
+                        "model, general with an endpoint)")
     g.add_argument("--n", type=int, default=5, metavar="N", help="trials per cell (default 5)")
     g.add_argument("--seed", type=int, default=0, help="seed of the samples (default 0)")
     g.add_argument("--sample-factory", metavar="MODULE:FUNCTION",

@@ -88,7 +88,7 @@ def prompt_profile(v: Any) -> str | None:
     from rlm.prompting.prompts import PROFILES
     if v in PROFILES or Path(str(v)).expanduser().is_file():
         return None
-    return (f"must be {' or '.join(PROFILES)}, or a template file's path; "
+    return (f"must be {', '.join(PROFILES)} or a template file's path; "
             f"{str(v)!r} is neither (no such file)")
 
 

@@ -449,9 +449,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("prompt", "--prompt", str, "general", embedded_default="small",
            metavar="PROFILE", commands=(RUN,), stored=True, check=prompt_profile,
            help="system prompt profile: 'small' (a worked lookup program small models copy; "
-                "default on the embedded model), 'general' (a way of working for capable "
-                "hosted models; the default with an endpoint), or a template file's path",
+                "default on the embedded model), 'small-count' (counting with code first, for "
+                "how-many and most-common questions on small models), 'general' (a way of "
+                "working for capable hosted models; the default with an endpoint), or a "
+                "template file's path",
            doc="system prompt profile: `small` (worked lookup example, for small models), "
+               "`small-count` (counting with `re`/`Counter` first, for exact questions on "
+               "small models), "
                "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
                "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
                "`{rlm_line}`, `{kernel_line}`, `{tools_line}`, `{to_text}` (`{{`/`}}`: braces)",

@@ -22,7 +22,7 @@ from rlm.errors import ConfigError, RLMError
 #: The methods a sweep compares.
 METHODS = ("base", "rlm")
 #: The built-in prompt profiles (a profile may also be a prompt file's path).
-PROFILES = ("small", "general")
+PROFILES = ("small", "small-count", "general")
 #: Window of a hosted model for the ``base`` method when none is given (tokens).
 DEFAULT_BASE_WINDOW = 131072
 #: Output cap of a ``base`` call (tokens): the run option ``max_completion_tokens``'s default.
@@ -43,7 +43,8 @@ class TrialSpec:
         task, length (tokens), seed, trial (index): the sample (``make_sample(task, length,
             seed, trial)``, so every method sees the same samples).
         method: ``"base"`` | ``"rlm"``; depth: ``max_depth`` of an ``rlm`` trial (None for base);
-        profile: the ``rlm`` prompt profile (``"small"``, ``"general"`` or a prompt file's path;
+        profile: the ``rlm`` prompt profile (``"small"``, ``"small-count"``, ``"general"`` or a
+            prompt file's path;
             None for base). A file is named by its path: edit it, rename it.
         model: the model's name (hosted), or the embedded model's name.
         base_url: the OpenAI-compatible endpoint; None for the embedded model.

@@ -24,11 +24,12 @@ Sizes are inline literals, never variables the model might replace. Words match 
 a word start with up to two more letters (plurals), so "Dan" does not match "danger".
 A list or dict context is joined into one string first (the ``to_text`` line).
 
-That prompt is the ``small`` profile. The ``general`` profile (:data:`SYSTEM_GENERAL`) is for
+That prompt is the ``small`` profile; ``small-count`` (:data:`SYSTEM_SMALL_COUNT`) teaches
+counting with code first, for exact questions. The ``general`` profile (:data:`SYSTEM_GENERAL`) is for
 capable hosted models: it describes the tools and a way of working (look at ``context``, search
 it with code, split it and map a question over the pieces with batched sub-calls, combine the
 pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
-of giving one program to copy. :data:`PROFILES` names both; ``--prompt`` picks one (or a
+of giving one program to copy. :data:`PROFILES` names them; ``--prompt`` picks one (or a
 template file), and ``rlm eval`` measures them side by side.
 """
 from __future__ import annotations
@@ -135,6 +136,98 @@ items against `context`) and fix mistakes before you answer.
 the form the question asks for. Writing FINAL in plain text does nothing.
 Never print all of `context` and never assign to `context`."""
 
+#: The ``small-count`` profile: for exact questions (how many times, how often, most common,
+#: list all) on small models. Three worked programs the model chooses among: counting with
+#: ``re`` and ``collections.Counter`` (A), a map with ``llm_query_batched`` over groups of items
+#: reduced in code (B), and the lookup of :data:`SYSTEM` (C); the context's metadata comes last,
+#: so the fixed part is a prefix llama.cpp's prompt cache reuses across runs. Measured on the
+#: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
+#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5). The 0.5B copies one program and
+#: does not choose well between three, so this is a profile to pick, not the default.
+SYSTEM_SMALL_COUNT = r"""You answer questions about a long text that you cannot see directly. The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). The REPL keeps its variables between your turns. You work by writing Python code; I run it and show you what it prints.
+
+Functions you can call in your code:
+- `llm_query(prompt)` asks another language model and returns its answer as a string. It reads at most about {sub_chars} characters, so give it a small piece of `context` together with the question, never the whole `context`.
+- `llm_query_batched(prompts)` does the same for a list of prompts at once and returns a list of answers.
+{rlm_line}{tools_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives the value of the variable `name` as the final answer.
+- `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
+{kernel_line}
+Rules:
+1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
+2. Never print all of `context`, and never assign to `context`.
+3. Pick the example below that fits the question, and change it to the question you were asked:
+   - "how many times", "how often", "most common", "most frequent", "list all": count with Python (Example A). Python counts exactly; another model does not.
+   - a question about each item of a list that needs reading (which items are about X): ask `llm_query_batched` about groups of items, then count their replies in Python (Example B).
+   - one fact (a name, a number, a date, a code): search for the rare words of the question and ask about a small window around the best match (Example C).
+4. When you know the answer, call FINAL(answer) inside a ```repl block. Writing FINAL in plain text does nothing.
+
+Example A. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case." (and: "What are the 3 most common words?")
+```repl
+import re
+from collections import Counter
+{to_text}
+count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
+print(count)
+top = Counter(re.findall(r"[A-Za-z]+", text)).most_common(3)
+print(top)
+FINAL(count)
+```
+For "most common" questions, FINAL the words: `FINAL(", ".join(w for w, n in top))`. "Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`.
+
+Example B. Question: "How many of these items are about ships?" (`context` is a list of items like "q0001: ...")
+```repl
+import re
+items = context if isinstance(context, list) else context.split("\n")
+groups = [items[i:i + 30] for i in range(0, len(items), 30)]
+prompts = ["Items:\n" + "\n".join(str(x) for x in g) + "\n\nWhich of these items are about ships? Reply with their ids only, separated by commas, or NONE." for g in groups]
+replies = llm_query_batched(prompts)
+ids = set()
+for reply in replies:
+    ids.update(re.findall(r"q\d+", reply))
+print(len(ids), sorted(ids)[:10])
+FINAL(len(ids))
+```
+
+Example C. Question: "What colour is the door of the old lighthouse?"
+```repl
+import re
+question = "What colour is the door of the old lighthouse?"
+words = ["lighthouse", "door", "colour"]
+{to_text}
+def find(word, s):
+    return [m.start() for m in re.finditer(r"\b" + re.escape(word) + r"\w{{0,2}}\b", s, re.IGNORECASE)]
+counts = {{w: len(find(w, text)) for w in words}}
+print(counts)
+places = []
+for w in words:
+    for pos in find(w, text):
+        near = text[max(0, pos - 1000):pos + 1000]
+        places.append((sum(1 / counts[v] for v in words if find(v, near)), pos))
+places.sort(key=lambda p: -p[0])
+answer = None
+asked = []
+for score, pos in places:
+    if len(asked) == 4:
+        break
+    if any(abs(pos - a) < 2000 for a in asked):
+        continue
+    asked.append(pos)
+    window = text[max(0, pos - 1500):pos + 1500]
+    reply = llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer with the answer only, or NONE if the text does not say.")
+    reply = reply.strip().strip(".")
+    print(pos, repr(reply))
+    if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
+        answer = reply
+        break
+if answer is None:
+    answer = "NOT FOUND"
+FINAL(answer)
+```
+In your code, use the question you were asked and its own words, not the words of these examples.
+
+About `context`: {meta}
+"""
+
 FIRST_USER_GENERAL = """Task: {query}
 
 Start with a ```repl block that looks at `context`. Do not answer from memory."""
@@ -142,6 +235,7 @@ Start with a ```repl block that looks at `context`. Do not answer from memory.""
 #: The prompt profiles ``--prompt`` names: profile -> (system template, first user message).
 PROFILES = {
     "small": (SYSTEM_SMALL, None),
+    "small-count": (SYSTEM_SMALL_COUNT, None),
     "general": (SYSTEM_GENERAL, FIRST_USER_GENERAL),
 }
 
@@ -245,7 +339,8 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
         template: a replacement for the profile's template with the same fields (``meta``,
             ``sub_chars``, ``max_output``, ``rlm_line``, ``kernel_line``, ``to_text``; any may
             be left out).
-        profile: a key of :data:`PROFILES` (``"small"`` or ``"general"``); an unknown name
+        profile: a key of :data:`PROFILES` (``"small"``, ``"small-count"``, ``"general"``); an
+            unknown name
             (e.g. a template file's path, already read into ``template``) means ``small``.
         tools: the user's tools at this loop's level (:func:`tools_line`); a template without
             ``{tools_line}`` gets their lines at its end.

@@ -556,6 +556,19 @@ def test_the_small_profile_is_the_worked_lookup_example(api):
     assert task.startswith("Question: what is it?")
 
 
+def test_the_small_count_profile_counts_first_and_ends_with_the_metadata(api):
+    res, srv = api(script([repl("FINAL('ok')")]), "some text", "how many times?",
+                   prompt="small-count")
+    system, task = _system_and_task(srv)
+    assert res.status == "completed"
+    # the counting program comes first; the lookup is still there, last of the three
+    a, c = system.index("Counter(re.findall"), system.index("old lighthouse")
+    assert a < system.index("replies = llm_query_batched(prompts)") < c
+    # the metadata is the prompt's tail, so its fixed part is a reusable prefix
+    assert system.rstrip().rsplit("\n", 1)[-1].startswith("About `context`:")
+    assert task.startswith("Question: how many times?")
+
+
 def test_the_embedded_model_defaults_to_the_small_profile():
     from rlm.config.options import OPTIONS
     opt = {o.name: o for o in OPTIONS}["prompt"]
@@ -583,5 +596,5 @@ def test_a_bad_prompt_profile_is_a_clean_cli_error(cli, scripted, tmp_path):
     srv = scripted(script([repl("FINAL('ok')")]))
     r = cli("run", "--context", str(ctx), "--query", "q", "--prompt", "tiny",
             *endpoint_args(srv))
-    assert_clean_error(r, 2, "--prompt", "small or general", "'tiny'")
+    assert_clean_error(r, 2, "--prompt", "small, small-count, general", "'tiny'")
     assert srv.count == 0
