@@ -7,9 +7,10 @@ that cuts every connect, read and write to the deadline of the call being made o
 (:func:`deadline`), and raises the pool's own timeout error once it has passed. So a call ends
 at its deadline whatever the server does: never answers, answers slowly, trickles, resets.
 Given a cancel handle too, a wait for the reply is cut into slices of :data:`CANCEL_POLL`
-seconds and ends soon after the handle is set: a cancelled run does not wait out a reply that
-takes minutes (a long prefill on a small local model). A socket read that times out consumes
-nothing, so waiting again after a slice loses no byte.
+seconds and ends :data:`CANCEL_GRACE` seconds after the handle is set: a reply that comes in
+that time is still taken (and journaled, so a resume does not pay for it again), and a
+cancelled run does not wait out one that takes minutes (a long prefill on a small local
+model). A socket read that times out consumes nothing, so waiting again loses no byte.
 
 Both ``httpcore`` and ``httpcore2`` pools (what ``httpx`` / ``httpx2`` use) are wrapped by duck
 typing; :func:`install` says whether the client's layout was recognised
@@ -24,24 +25,39 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["deadline", "install"]
+__all__ = ["CANCEL_GRACE", "CANCEL_POLL", "cancel_cut", "deadline", "install"]
 
 _local = threading.local()
 
 #: Seconds between two looks at the cancel handle while a read waits (see :func:`deadline`).
 CANCEL_POLL = 0.25
+#: Seconds a call in flight is still waited for after its cancel (see :func:`deadline`).
+CANCEL_GRACE = 2.0
 
 
 @contextmanager
 def deadline(at: float | None, cancel: Any = None) -> Iterator[None]:
     """Network I/O on this thread inside the block ends by ``at`` (``time.monotonic()``), and
-    soon after ``cancel`` (anything with ``is_set()``: an Event, a cancel scope) is set."""
-    prev = getattr(_local, "at", None), getattr(_local, "cancel", None)
-    _local.at, _local.cancel = at, cancel
+    :data:`CANCEL_GRACE` seconds after ``cancel`` (anything with ``is_set()``: an Event, a
+    cancel scope) is seen set."""
+    prev = (getattr(_local, "at", None), getattr(_local, "cancel", None),
+            getattr(_local, "cancel_seen", None))
+    _local.at, _local.cancel, _local.cancel_seen = at, cancel, None
     try:
         yield
     finally:
-        _local.at, _local.cancel = prev
+        _local.at, _local.cancel, _local.cancel_seen = prev
+
+
+def cancel_cut(cancel: Any, state: Any) -> bool:
+    """True once ``cancel`` has been set for :data:`CANCEL_GRACE` seconds; ``state`` (an
+    object with a ``cancel_seen`` attribute) keeps when it was first seen set."""
+    if cancel is None or not cancel.is_set():
+        return False
+    now = time.monotonic()
+    if getattr(state, "cancel_seen", None) is None:
+        state.cancel_seen = now
+    return now >= state.cancel_seen + CANCEL_GRACE
 
 
 def _cut(timeout: float | None, error: type[BaseException]) -> float | None:
@@ -64,7 +80,7 @@ class _Stream:
             return self._inner.read(max_bytes, _cut(timeout, self._errors.ReadTimeout))
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            if cancel.is_set():
+            if cancel_cut(cancel, _local):
                 raise self._errors.ReadTimeout("the call was cancelled")
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:

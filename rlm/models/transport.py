@@ -222,7 +222,8 @@ class SDKClient:
                 box["error"] = exc
         t = threading.Thread(target=attempt, daemon=True, name="rlm-http")
         t.start()
-        while t.is_alive() and not (cancel is not None and cancel.is_set()):
+        seen = threading.local()  # when the cancel was first seen (http_deadline.cancel_cut)
+        while t.is_alive() and not http_deadline.cancel_cut(cancel, seen):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break

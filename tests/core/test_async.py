@@ -143,8 +143,9 @@ def test_cancelled_run_marks_open_stages_cancelled(scripted):
 
 def test_a_cancel_ends_a_model_call_in_flight_at_once(scripted, tmp_path):
     """A root turn whose reply takes a minute (a long prefill on a small local model): the
-    cancel ends the HTTP wait within a second, the run is journaled cancelled, nothing is
-    retried, and the same run id resumes."""
+    cancel ends the HTTP wait after its grace (2 s), the run is journaled cancelled, nothing
+    is retried, and the same run id resumes. (A reply within the grace is still taken:
+    tests/e2e/test_serve_clients.py's hang-up tests resume with it replayed.)"""
     from scripted_server import Reply
     state = {"slow": True}
 
@@ -179,7 +180,8 @@ def test_a_cancel_ends_a_model_call_in_flight_at_once(scripted, tmp_path):
     t.join(30)
     assert not t.is_alive()
     took = box["ended"] - t0
-    assert took < 3.0, took  # not the 60 s the reply would have taken
+    from rlm.models.http_deadline import CANCEL_GRACE
+    assert CANCEL_GRACE <= took < CANCEL_GRACE + 4.0, took  # not the reply's 60 s
     assert "result" not in box, box
     assert srv.count == 1  # the cut call was not sent again
     assert Journal(str(journal)).get_run("slow-reply")["state"] == "cancelled"
