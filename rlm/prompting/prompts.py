@@ -25,8 +25,8 @@ a word start with up to two more letters (plurals), so "Dan" does not match "dan
 A list or dict context is joined into one string first (the ``to_text`` line).
 
 That prompt is the ``small`` profile; ``small-count`` (:data:`SYSTEM_SMALL_COUNT`) teaches
-counting with code first, for exact questions. The ``general`` profile (:data:`SYSTEM_GENERAL`) is for
-capable hosted models: it describes the tools and a way of working (look at ``context``, search
+counting with code first, for exact questions. The ``general`` profile
+(:data:`SYSTEM_GENERAL`) is for capable hosted models: it describes the tools and a way of working (look at ``context``, search
 it with code, split it and map a question over the pieces with batched sub-calls, combine the
 pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
 of giving one program to copy. :data:`PROFILES` names them; ``--prompt`` picks one (or a
@@ -97,6 +97,13 @@ FINAL(answer)
 ```
 In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
 
+#: The lookup program of :data:`SYSTEM` (its worked example, from ```repl to the closing ```),
+#: and its opening without the metadata line (up to the functions' list): shared with
+#: :data:`SYSTEM_SMALL_COUNT`.
+_LOOKUP = SYSTEM[SYSTEM.index("```repl\nimport re\nquestion"):
+                 SYSTEM.index("FINAL(answer)\n```") + len("FINAL(answer)\n```\n")]
+_SMALL_HEAD = SYSTEM[:SYSTEM.index("Rules:\n")].replace("About `context`: {meta}\n\n", "", 1)
+
 #: The ``small`` profile's name for :data:`SYSTEM`.
 SYSTEM_SMALL = SYSTEM
 
@@ -144,15 +151,7 @@ Never print all of `context` and never assign to `context`."""
 #: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
 #: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5). The 0.5B copies one program and
 #: does not choose well between three, so this is a profile to pick, not the default.
-SYSTEM_SMALL_COUNT = r"""You answer questions about a long text that you cannot see directly. The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). The REPL keeps its variables between your turns. You work by writing Python code; I run it and show you what it prints.
-
-Functions you can call in your code:
-- `llm_query(prompt)` asks another language model and returns its answer as a string. It reads at most about {sub_chars} characters, so give it a small piece of `context` together with the question, never the whole `context`.
-- `llm_query_batched(prompts)` does the same for a list of prompts at once and returns a list of answers.
-{rlm_line}{tools_line}- `FINAL(answer)` gives your final answer and ends the work. `FINAL_VAR("name")` gives the value of the variable `name` as the final answer.
-- `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
-{kernel_line}
-Rules:
+SYSTEM_SMALL_COUNT = (_SMALL_HEAD + r"""Rules:
 1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
 2. Never print all of `context`, and never assign to `context`.
 3. Pick the example below that fits the question, and change it to the question you were asked:
@@ -189,44 +188,10 @@ FINAL(len(ids))
 ```
 
 Example C. Question: "What colour is the door of the old lighthouse?"
-```repl
-import re
-question = "What colour is the door of the old lighthouse?"
-words = ["lighthouse", "door", "colour"]
-{to_text}
-def find(word, s):
-    return [m.start() for m in re.finditer(r"\b" + re.escape(word) + r"\w{{0,2}}\b", s, re.IGNORECASE)]
-counts = {{w: len(find(w, text)) for w in words}}
-print(counts)
-places = []
-for w in words:
-    for pos in find(w, text):
-        near = text[max(0, pos - 1000):pos + 1000]
-        places.append((sum(1 / counts[v] for v in words if find(v, near)), pos))
-places.sort(key=lambda p: -p[0])
-answer = None
-asked = []
-for score, pos in places:
-    if len(asked) == 4:
-        break
-    if any(abs(pos - a) < 2000 for a in asked):
-        continue
-    asked.append(pos)
-    window = text[max(0, pos - 1500):pos + 1500]
-    reply = llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer with the answer only, or NONE if the text does not say.")
-    reply = reply.strip().strip(".")
-    print(pos, repr(reply))
-    if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
-        answer = reply
-        break
-if answer is None:
-    answer = "NOT FOUND"
-FINAL(answer)
-```
-In your code, use the question you were asked and its own words, not the words of these examples.
+""" + _LOOKUP + r"""In your code, use the question you were asked and its own words, not the words of these examples.
 
 About `context`: {meta}
-"""
+""")
 
 FIRST_USER_GENERAL = """Task: {query}
 
