@@ -30,7 +30,9 @@ counting with code first, for exact questions. The ``general`` profile
 it with code, split it and map a question over the pieces with batched sub-calls, combine the
 pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
 of giving one program to copy. :data:`PROFILES` names them; ``--prompt`` picks one (or a
-template file), and ``rlm eval`` measures them side by side.
+template file), and ``rlm eval`` measures them side by side. A loop without sub-calls
+(max_depth=0) gets each profile's variant in :data:`PROFILES_NO_SUBCALLS`, which offers no
+``llm_query`` or ``rlm``: its lookup prints the best windows for the model to read.
 """
 from __future__ import annotations
 
@@ -143,28 +145,19 @@ items against `context`) and fix mistakes before you answer.
 the form the question asks for. Writing FINAL in plain text does nothing.
 Never print all of `context` and never assign to `context`."""
 
-#: The ``small-count`` profile: for exact questions (how many times, how often, most common,
-#: list all) on small models. Three worked programs the model chooses among: counting with
-#: ``re`` and ``collections.Counter`` (A), a map with ``llm_query_batched`` over groups of items
-#: reduced in code (B), and the lookup of :data:`SYSTEM` (C); the context's metadata comes last,
-#: so the fixed part is a prefix llama.cpp's prompt cache reuses across runs. Measured on the
-#: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
-#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5). The 0.5B copies one program and
-#: does not choose well between three, so this is a profile to pick, not the default.
-SYSTEM_SMALL_COUNT = (_SMALL_HEAD + r"""Rules:
+_COUNT_RULES = r"""Rules:
 1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
 2. Never print all of `context`, and never assign to `context`.
 3. Pick the example below that fits the question, and change it to the question you were asked:
    - "how many times", "how often", "most common", "most frequent", "list all": count with Python (Example A). Python counts exactly; another model does not.
-   - a question about each item of a list that needs reading (which items are about X): ask `llm_query_batched` about groups of items, then count their replies in Python (Example B).
-   - one fact (a name, a number, a date, a code): search for the rare words of the question and ask about a small window around the best match (Example C).
+{map_rule}   - one fact (a name, a number, a date, a code): search for the rare words of the question and {lookup_rule} (Example {lookup_letter}).
 4. When you know the answer, call FINAL(answer) inside a ```repl block. Writing FINAL in plain text does nothing.
 
 Example A. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case." (and: "What are the 3 most common words?")
 ```repl
 import re
 from collections import Counter
-{to_text}
+{{to_text}}
 count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
 print(count)
 top = Counter(re.findall(r"[A-Za-z]+", text)).most_common(3)
@@ -173,7 +166,12 @@ FINAL(count)
 ```
 For "most common" questions, FINAL the words: `FINAL(", ".join(w for w, n in top))`. "Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`.
 
-Example B. Question: "How many of these items are about ships?" (`context` is a list of items like "q0001: ...")
+{map_example}Example {lookup_letter}. Question: "What colour is the door of the old lighthouse?"
+"""
+
+_COUNT_MAP_RULE = "   - a question about each item of a list that needs reading (which items are about X): ask `llm_query_batched` about groups of items, then count their replies in Python (Example B).\n"
+
+_COUNT_MAP_EXAMPLE = r"""Example B. Question: "How many of these items are about ships?" (`context` is a list of items like "q0001: ...")
 ```repl
 import re
 items = context if isinstance(context, list) else context.split("\n")
@@ -187,11 +185,96 @@ print(len(ids), sorted(ids)[:10])
 FINAL(len(ids))
 ```
 
-Example C. Question: "What colour is the door of the old lighthouse?"
-""" + _LOOKUP + r"""In your code, use the question you were asked and its own words, not the words of these examples.
+"""
+
+_COUNT_TAIL = r"""In your code, use the question you were asked and its own words, not the words of these examples.
 
 About `context`: {meta}
+"""
+
+
+def _small_count(head: str, lookup: str, with_map: bool) -> str:
+    """The ``small-count`` text from its parts: with the map over items (Example B) when
+    sub-calls exist, without it (and the lookup as Example B) when they do not."""
+    rules = _COUNT_RULES.format(
+        map_rule=_COUNT_MAP_RULE if with_map else "",
+        lookup_rule=("ask about a small window around the best match" if with_map
+                     else "print small windows around the best matches to read them"),
+        lookup_letter="C" if with_map else "B",
+        map_example=_COUNT_MAP_EXAMPLE if with_map else "")
+    return head + rules + lookup + _COUNT_TAIL
+
+
+#: The ``small-count`` profile: for exact questions (how many times, how often, most common,
+#: list all) on small models. Three worked programs the model chooses among: counting with
+#: ``re`` and ``collections.Counter`` (A), a map with ``llm_query_batched`` over groups of items
+#: reduced in code (B), and the lookup of :data:`SYSTEM` (C); the context's metadata comes last,
+#: so the fixed part is a prefix llama.cpp's prompt cache reuses across runs. Measured on the
+#: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
+#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5). The 0.5B copies one program and
+#: does not choose well between three, so this is a profile to pick, not the default.
+SYSTEM_SMALL_COUNT = _small_count(_SMALL_HEAD, _LOOKUP, with_map=True)
+
+# Loops without sub-calls (max_depth=0, rlm eval's depth 0 "Python only") refuse llm_query,
+# llm_query_batched and rlm, so their prompts must not offer them: a small model that copies
+# a worked llm_query call repeats the refused cell until the iteration cap. Each profile's
+# variant is its own text with the sub-call lines and steps swapped out (:func:`_swap`), so the
+# two cannot drift apart.
+
+#: What a loop without sub-calls reads in place of the sub-call functions' lines.
+NO_SUBCALLS_LINE = ("- There are no sub-calls in this run (max_depth=0): `llm_query`, "
+                    "`llm_query_batched` and `rlm` are switched off. Your code does the work; "
+                    "read what it prints and work out the answer yourself.\n")
+
+
+def _swap(text: str, start: str, end: str | None, new: str) -> str:
+    """``text`` with the span from ``start`` through ``end`` (or ``start`` alone) replaced by
+    ``new``. Raises RuntimeError if the span is not there (a profile edit must update this)."""
+    i = text.find(start)
+    j = i + len(start) if end is None else text.find(end, i) + len(end)
+    if i < 0 or (end is not None and j < len(end)):
+        raise RuntimeError(f"prompt text to swap not found: {start[:40]!r}")
+    return text[:i] + new + text[j:]
+
+
+_LOOKUP_NO_SUBCALLS = _swap(_LOOKUP, "answer = None\nasked = []\n", "FINAL(answer)\n```\n", """\
+shown = []
+for score, pos in places:
+    if len(shown) == 3:
+        break
+    if any(abs(pos - a) < 1000 for a in shown):
+        continue
+    shown.append(pos)
+    print(pos, repr(text[max(0, pos - 300):pos + 300]))
+```
+Read the windows it prints. In your next turn, call FINAL with the answer they give (in a \
+```repl block), or FINAL("NOT FOUND") when none of them has it.
 """)
+_SMALL_HEAD_NO_SUBCALLS = _swap(_SMALL_HEAD, "- `llm_query(prompt)` asks", "list of answers.\n",
+                                NO_SUBCALLS_LINE)
+
+#: :data:`SYSTEM` for a loop without sub-calls: the lookup prints its best windows for the
+#: model to read instead of asking ``llm_query`` about them.
+SYSTEM_NO_SUBCALLS = _swap(_swap(
+    SYSTEM, "- `llm_query(prompt)` asks", "list of answers.\n", NO_SUBCALLS_LINE),
+    "then ask about a small window around the best match.", None,
+    "then print small windows around the best matches and read them.").replace(
+    _LOOKUP, _LOOKUP_NO_SUBCALLS, 1)
+
+#: :data:`SYSTEM_SMALL_COUNT` for a loop without sub-calls: counting (A) and the printing
+#: lookup (B); no map over items.
+SYSTEM_SMALL_COUNT_NO_SUBCALLS = _small_count(_SMALL_HEAD_NO_SUBCALLS, _LOOKUP_NO_SUBCALLS,
+                                              with_map=False)
+
+#: :data:`SYSTEM_GENERAL` for a loop without sub-calls: whole-input work is done in code.
+SYSTEM_GENERAL_NO_SUBCALLS = _swap(_swap(_swap(
+    SYSTEM_GENERAL, "- `llm_query(prompt)`: a plain completion", "a loop of `llm_query` calls.\n",
+    NO_SUBCALLS_LINE),
+    "split `context` into pieces well under the sub-call limit", "that your code can parse.",
+    "do it in code over the whole of `context` (`re`, `collections.Counter`, parsing, sorting) "
+    "and print only counts and short samples."),
+    "4. A piece that is itself a hard problem can go to `rlm(...)` when it is available.", None,
+    "4. What code cannot decide, read yourself: print it a few hundred characters at a time.")
 
 FIRST_USER_GENERAL = """Task: {query}
 
@@ -202,6 +285,13 @@ PROFILES = {
     "small": (SYSTEM_SMALL, None),
     "small-count": (SYSTEM_SMALL_COUNT, None),
     "general": (SYSTEM_GENERAL, FIRST_USER_GENERAL),
+}
+
+#: Each profile's system template for a loop without sub-calls (max_depth=0).
+PROFILES_NO_SUBCALLS = {
+    "small": SYSTEM_NO_SUBCALLS,
+    "small-count": SYSTEM_SMALL_COUNT_NO_SUBCALLS,
+    "general": SYSTEM_GENERAL_NO_SUBCALLS,
 }
 
 #: The example's line that makes one searchable string of ``context``, by context type.
@@ -219,6 +309,9 @@ KERNEL_LINE = ("- The REPL is a Jupyter kernel: top-level `await` works, and so 
                "(`concurrent.futures.ThreadPoolExecutor`) and process pools "
                "(`multiprocessing.Pool`), but `llm_query_batched` is the simplest way to ask "
                "many questions at once.\n")
+#: :data:`KERNEL_LINE` for a loop without sub-calls (no functions to call from threads).
+KERNEL_LINE_NO_SUBCALLS = ("- The REPL is a Jupyter kernel: top-level `await` works, and so "
+                           "does `asyncio.run(main())`.\n")
 
 RLM_LINE = ("- `rlm(prompt, query)` starts a helper that works like you on `prompt` as its own "
             "`context` and answers `query`; it returns the answer as a string. Use it for big pieces.\n")
@@ -298,7 +391,10 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
 
     Args:
         meta: :func:`rlm.context.load.describe` output.
-        can_recurse: whether ``rlm(...)`` may be mentioned (max_depth >= 1).
+        can_recurse: whether the loop has sub-calls (max_depth >= 1): ``llm_query``,
+            ``llm_query_batched`` and ``rlm(...)``. Without them the profile's variant in
+            :data:`PROFILES_NO_SUBCALLS` is used (a template file gets a closing note), so the
+            model is never offered a function that is refused.
         sub_chars: a safe prompt size for ``llm_query`` (characters).
         max_output: the cell output budget (characters).
         template: a replacement for the profile's template with the same fields (``meta``,
@@ -310,15 +406,19 @@ def system_prompt(meta: dict, *, can_recurse: bool, sub_chars: int = 6000,
         tools: the user's tools at this loop's level (:func:`tools_line`); a template without
             ``{tools_line}`` gets their lines at its end.
     """
-    base = PROFILES.get(profile, PROFILES["small"])[0]
+    table = {k: v[0] for k, v in PROFILES.items()} if can_recurse else PROFILES_NO_SUBCALLS
+    base = table.get(profile, table["small"])
     text = tools_line(tools)
     out = (template or base).format(meta=format_meta(meta), sub_chars=f"{sub_chars:,}",
                                       max_output=f"{max_output:,}",
                                       rlm_line=RLM_LINE if can_recurse else "",
-                                      kernel_line=KERNEL_LINE, tools_line=text,
+                                      kernel_line=KERNEL_LINE if can_recurse
+                                      else KERNEL_LINE_NO_SUBCALLS, tools_line=text,
                                       to_text=TO_TEXT.get(meta["type"], TO_TEXT_OTHER))
     if text and template and "{tools_line}" not in template:
         out += "\n\n" + text.rstrip("\n")  # the model must hear of the tools somewhere
+    if template and not can_recurse:  # a user's text may offer llm_query: say it is off
+        out += "\n\n" + NO_SUBCALLS_LINE[2:].rstrip("\n")
     return out
 
 

@@ -569,6 +569,50 @@ def test_the_small_count_profile_counts_first_and_ends_with_the_metadata(api):
     assert task.startswith("Question: how many times?")
 
 
+@pytest.mark.parametrize("profile", ["small", "small-count", "general", "file"])
+def test_a_loop_without_subcalls_is_not_offered_them(api, tmp_path, profile):
+    """At max_depth=0 llm_query, llm_query_batched and rlm are refused, so no profile may
+    show them as functions to call or in a worked program (a small model copies a refused call
+    until the iteration cap); the same profile at depth 1 still offers them."""
+    if profile == "file":
+        tpl = tmp_path / "mine.txt"
+        tpl.write_text("MINE: call llm_query(piece). {meta}", encoding="utf-8")
+        profile = str(tpl)
+    systems = {}
+    for depth in (0, 1):
+        res, srv = api(script([repl("FINAL('ok')")]), "some text", "what is it?",
+                       prompt=profile, max_depth=depth)
+        assert res.status == "completed", res.reason
+        systems[depth] = _system_and_task(srv)[0]
+    d0, d1 = systems[0], systems[1]
+    assert "switched off" in d0 and "switched off" not in d1
+    if profile.endswith("mine.txt"):
+        return  # a user's own text is kept as written, with the note after it
+    for call in ("llm_query(", "llm_query_batched(", "rlm(prompt"):
+        assert call not in d0, (profile, call)
+    assert "llm_query(" in d1 and "llm_query_batched(" in d1
+    if profile.startswith("small"):  # the lookup prints its windows for the model to read
+        assert "print(pos, repr(text[max(0, pos - 300):pos + 300]))" in d0
+
+
+def test_the_no_subcall_lookup_program_shows_the_needle(api):
+    """The worked lookup of a loop without sub-calls, run as a model that copies it would run
+    it, prints the window with the needle; the model answers from it in the next turn."""
+    from rlm.prompting import prompts
+    meta = {"type": "str", "chars": 10, "tokens_estimate": 3}
+    text = prompts.system_prompt(meta, can_recurse=False, profile="small")
+    code = "import re\n" + text.split("```repl\nimport re\n", 1)[1].split("\n```", 1)[0]
+    code = code.replace('["lighthouse", "door", "colour"]', '["vault", "code"]')
+    filler = "The river ran past the mill and the fields were quiet. " * 400
+    context = filler + "The code of the east vault is 7341-QX. " + filler
+    res, srv = api(script([repl(*code.splitlines()), repl("FINAL('7341-QX')")]), context,
+                   "What is the code of the east vault?", prompt="small", max_depth=0)
+    assert res.status == "completed" and res.answer == "7341-QX", res.reason
+    seen = feedback_after(srv, 1)
+    assert "The code of the east vault is 7341-QX." in seen, seen[:500]
+    assert len(seen) < 4000  # three short windows, well inside the output cap
+
+
 def test_the_embedded_model_defaults_to_the_small_profile():
     from rlm.config.options import OPTIONS
     opt = {o.name: o for o in OPTIONS}["prompt"]
