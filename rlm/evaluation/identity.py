@@ -204,9 +204,10 @@ def mixed_identities(records: list[dict]) -> list[str]:
     for part, name, axes in INVARIANTS:
         groups: dict[tuple, Counter] = {}
         for ident in known:
-            if ident.get(part) is not None:
-                where = tuple(ident.get(a) for a in axes)
-                groups.setdefault(where, Counter())[_canonical(ident[part])] += 1
+            # None is a value like any other (no price file beside one; a part an older
+            # record lacks): skipping it let such trials pass as one measurement
+            where = tuple(ident.get(a) for a in axes)
+            groups.setdefault(where, Counter())[_canonical(ident.get(part))] += 1
         for where, values in groups.items():
             if len(values) > 1:
                 label = name.format(**dict(zip(axes, where)))
@@ -216,12 +217,20 @@ def mixed_identities(records: list[dict]) -> list[str]:
 
 def _versions(part: str, values: Counter) -> str:
     """How the values of one part differ: which settings, or how many trials hold each."""
-    counts = ", ".join(f"{n} trials" for _, n in values.most_common())
+    counts = ", ".join(_trials(n) for _, n in values.most_common())
     decoded = [json.loads(v) for v in values]
     if part == "settings":
         keys = sorted({k for d in decoded for k in d if len({_canonical(x.get(k))
                                                              for x in decoded}) > 1})
         return f"{', '.join(keys)} differ; {len(values)} versions in {counts}"
     if part == "harness":
-        return "; ".join(f"{json.loads(v)} in {n} trials" for v, n in values.most_common())
+        return "; ".join(f"{json.loads(v) or 'none recorded'} in {_trials(n)}"
+                         for v, n in values.most_common())
+    if part == "prices_sha256":
+        return ", ".join(f"{'no price file' if json.loads(v) is None else 'a price file'} in "
+                         f"{_trials(n)}" for v, n in values.most_common())
     return f"{len(values)} versions in {counts}"
+
+
+def _trials(n: int) -> str:
+    return f"{n} trial" if n == 1 else f"{n} trials"

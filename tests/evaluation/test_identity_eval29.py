@@ -102,6 +102,10 @@ def test_an_edit_of_the_built_in_small_profile_runs_its_trials_again(scripted, t
         code = ("import sys, rlm.prompting.prompts as p\n"
                 "s, f = p.PROFILES['small']\n"
                 f"p.PROFILES['small'] = (s.replace('Rules:', 'Rulez:', 1) if {edit} else s, f)\n"
+                # its depth-0 variant is made from the same text
+                "d = p.PROFILES_NO_SUBCALLS['small']\n"
+                f"p.PROFILES_NO_SUBCALLS['small'] = d.replace('Rules:', 'Rulez:', 1) if {edit} "
+                "else d\n"
                 "from rlm.cli.main import main\n"
                 "sys.exit(main())\n")
         import subprocess
@@ -291,6 +295,10 @@ def test_mixed_identities_name_each_part_that_differs(tmp_path):
              "model m": altered(1, model_identity=weights),
              "profile small's text": altered(4, profile_sha256="0" * 64),
              "sample hard 1024 seed 0 trial 0": altered(3, sample_sha256="0" * 64),
+             # a part that is None in one trial only (no price file beside one; a part an
+             # older record lacks) differs too
+             "the price table": altered(5, prices_sha256="0" * 64),
+             "the task data": altered(5, data=None),
              "without their identity": [dict(records[0], identity=None)] + records[1:]}
     for needle, mixed in cases.items():
         problems = mixed_identities(mixed)
@@ -299,7 +307,8 @@ def test_mixed_identities_name_each_part_that_differs(tmp_path):
             write_report(tmp_path / "mixed", mixed)
         assert not (tmp_path / "mixed").exists()  # refused before writing
     assert "sub_max_tokens differ" in mixed_identities(cases["the run settings"])[0]
-    assert "0.0.1 in 1 trials" in mixed_identities(cases["the harness version"])[0]
+    assert "0.0.1 in 1 trial" in mixed_identities(cases["the harness version"])[0]
+    assert "a price file in 1 trial" in mixed_identities(cases["the price table"])[0]
     write_report(tmp_path / "allowed", cases["the harness version"], allow_mixed=True)
     assert "harness version" in (tmp_path / "allowed" / "summary.md").read_text()
     json.dumps(records)  # the identity is plain JSON
