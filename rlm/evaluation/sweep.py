@@ -35,7 +35,7 @@ from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
 from rlm.evaluation.identity import changed_parts, mixed_identities
 from rlm.evaluation.progress import ProgressBar
 from rlm.evaluation.trial import (DEFAULT_BASE_WINDOW, METHODS, MakeSample, TrialSpec,
-                                  identified, load_sample_factory, run_trial)
+                                  checked_sample, identified, load_sample_factory, run_trial)
 
 #: ``Sweep`` file names inside the output directory.
 TRIALS_FILE, SWEEP_FILE, JOURNAL_FILE = "trials.jsonl", "sweep.json", "journal.sqlite3"
@@ -252,6 +252,8 @@ class Sweep:
             self.stats["seconds"] = time.monotonic() - t0
             if self.budget is not None:
                 self.stats["left"] = len(self.budget.skipped) + self.budget.cancelled
+        if self.budget is not None and not self.stats["run"] and not recorded:
+            return {}  # the budget ended before a first trial finished: nothing to report yet
         return write_report(self.out, allow_mixed=self.allow_mixed)
 
     def _identify(self) -> list[TrialSpec]:
@@ -265,7 +267,7 @@ class Sweep:
             where = (spec.task, spec.length, spec.seed, spec.trial)
             if where not in cache:
                 cache.clear()
-                cache[where] = self.make_sample(*where)
+                cache[where] = checked_sample(self.make_sample, where, self.grid.sample_factory)
             specs.append(identified(spec, cache[where]))
         return specs
 

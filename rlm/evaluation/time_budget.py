@@ -32,12 +32,17 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
+#: The longest ``--time-budget`` (seconds): a year.
+MAX_BUDGET = 365 * 86400
+
+
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``"90m"``, ``"1h30m"``, ``"2h"``, ``"45s"`` or a bare
     number of seconds (``"5400"``).
 
     Raises:
-        ConfigError: anything else, or a duration that is not positive.
+        ConfigError: anything else, or a duration that is not positive or is over
+            :data:`MAX_BUDGET`.
     """
     s = str(text).strip().lower().replace(" ", "")
     try:
@@ -54,6 +59,9 @@ def parse_duration(text: str) -> float:
                               "1h30m, 2h, 45s or a number of seconds") from None
     if not seconds > 0 or seconds != seconds:
         raise ConfigError(f"--time-budget must be positive, got {text!r}")
+    if seconds > MAX_BUDGET:  # inf or years: the clock arithmetic would overflow
+        raise ConfigError(f"--time-budget must be at most 365 days, got {text!r}; leave it "
+                          "out to run the whole grid")
     return seconds
 
 

@@ -22,7 +22,8 @@ def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "ninety", "90x", "m90", "-5", "0", "1h-5m", "nan"])
+@pytest.mark.parametrize("text", ["", "ninety", "90x", "m90", "-5", "0", "1h-5m", "nan", "inf",
+                                  "10000000000h", "1000000000000"])
 def test_bad_durations_are_clear_errors(text):
     with pytest.raises(ConfigError, match="time-budget"):
         parse_duration(text)
@@ -95,3 +96,20 @@ def test_a_sweep_stops_at_its_budget_and_the_same_command_continues(scripted, tm
     # every trial's calls: easy 1 per method, hard base/d0 1 and d1 2; a call in flight when
     # the budget cancelled its trial had no reply to journal and is sent again
     assert len(srv.requests) <= 2 * (3 + 4) + 1 and sent < len(srv.requests)
+
+
+def test_a_budget_that_ends_before_any_trial_finishes_leaves_them_for_the_next_run(scripted,
+                                                                                   tmp_path):
+    """No trial finished in the budget: not a bad-input error (exit 0), the trials left are
+    named, nothing is reported yet, and the same command continues."""
+    srv = scripted(responder, latency=6.0)
+    out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
+    args = grid_args(srv, out, journal, 1) + ["--concurrency", "1", "--tasks", TASKS[0]]
+    res = rlm_cli(args + ["--time-budget", "1s"], env_with_factory())
+    assert res.returncode == 0, res.stderr
+    assert "no trials to report" not in res.stderr
+    assert "Run the same command again" in res.stderr, res.stderr
+    assert not (out / "summary.md").exists()
+    again = rlm_cli(args, env_with_factory())
+    assert again.returncode == 0, again.stderr
+    assert (out / "summary.md").exists() and read_jsonl(out / "trials.jsonl")
