@@ -109,7 +109,7 @@ def _template_file(prompt: str) -> str | None:
         return Path(prompt).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--prompt {prompt}: cannot read the template file ({exc}); give "
-                          f"small, general or a readable UTF-8 file") from None
+                          f"{', '.join(PROFILES)} or a readable UTF-8 file") from None
 
 
 def stored_options(opts: Options, ctx: Any) -> dict:

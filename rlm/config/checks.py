@@ -88,8 +88,9 @@ def prompt_profile(v: Any) -> str | None:
     from rlm.prompting.prompts import PROFILES
     if v in PROFILES or Path(str(v)).expanduser().is_file():
         return None
+    what = "a directory" if Path(str(v)).expanduser().is_dir() else "no such file"
     return (f"must be {', '.join(PROFILES)} or a template file's path; "
-            f"{str(v)!r} is neither (no such file)")
+            f"{str(v)!r} is neither ({what})")
 
 
 def patterns(v: Any) -> str | None:

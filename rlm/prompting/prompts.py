@@ -37,6 +37,7 @@ template file), and ``rlm eval`` measures them side by side. A loop without sub-
 from __future__ import annotations
 
 import json
+import string
 
 SYSTEM = """You answer questions about a long text that you cannot see directly. \
 The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). \
@@ -428,18 +429,27 @@ TEMPLATE_FIELDS = ("meta", "sub_chars", "max_output", "rlm_line", "kernel_line",
 
 
 def check_template(template: str) -> str | None:
-    """None if ``template`` formats with :data:`TEMPLATE_FIELDS`, else what is wrong (str)."""
+    """None if ``template`` formats with :data:`TEMPLATE_FIELDS`, each a plain ``{name}``,
+    else what is wrong (str)."""
     if not template.strip():
         return "the template is empty"
+    plain = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
     try:
-        template.format(**{f: "" for f in TEMPLATE_FIELDS})
-    except KeyError as exc:
-        return (f"the template names the unknown field {{{exc.args[0]}}}; the fields are "
-                f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ and }}}} for "
-                "literal braces)")
-    except (ValueError, IndexError, AttributeError) as exc:
+        fields = [f for f in string.Formatter().parse(template) if f[1] is not None]
+    except ValueError as exc:
         return (f"the template is not a valid format string ({exc}); write {{{{ and }}}} for "
                 "literal braces")
+    for _, name, spec, conversion in fields:
+        if name not in TEMPLATE_FIELDS and not (spec or conversion) and name.isidentifier():
+            return (f"the template names the unknown field {{{name}}}; the fields are {plain} "
+                    "(write {{ and }} for literal braces)")
+        # a field is filled with text its author does not see (the metadata, the tools): a
+        # format spec, a conversion or an index on it can fail, or blow up, at run time
+        if name not in TEMPLATE_FIELDS or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + \
+                (f":{spec}" if spec else "") + "}"
+            return (f"the template's field {shown} is not a plain field name; the fields are "
+                    f"{plain} (write {{{{ and }}}} for literal braces)")
     return None
 
 

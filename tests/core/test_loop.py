@@ -634,6 +634,29 @@ def test_a_prompt_file_is_read_once_and_kept_in_the_journal(api, tmp_path, scrip
     assert again.answer == "ok" and again.replayed_calls == 1
 
 
+@pytest.mark.parametrize("text,needle", [
+    ("{meta:{meta}}", "{meta:{meta}} is not a plain field name"),   # a nested spec
+    ("big {meta:>99999999999}", "is not a plain field name"),        # a width that exhausts memory
+    ("{meta!r}", "{meta!r} is not a plain field name"),
+    ("{0} and {}", "{0} is not a plain field name"),
+    ("{meta[0]}", "{meta[0]} is not a plain field name"),
+    ("{nope}", "unknown field {nope}"),
+    ("a { brace", "not a valid format string")])
+def test_a_bad_template_file_is_a_clean_cli_error_before_any_call(cli, scripted, tmp_path, text,
+                                                                  needle):
+    """A template is filled with text its author never sees (the metadata, the tools), so only
+    plain field names pass: a format spec, conversion or index is refused up front (exit 2),
+    not a crash mid-run."""
+    ctx, tpl = tmp_path / "c.txt", tmp_path / "mine.txt"
+    ctx.write_text("text")
+    tpl.write_text(text, encoding="utf-8")
+    srv = scripted(script([repl("FINAL('ok')")]))
+    r = cli("run", "--context", str(ctx), "--query", "q", "--prompt", str(tpl),
+            *endpoint_args(srv))
+    assert_clean_error(r, 2, re.escape(needle))
+    assert srv.count == 0
+
+
 def test_a_bad_prompt_profile_is_a_clean_cli_error(cli, scripted, tmp_path):
     ctx = tmp_path / "c.txt"
     ctx.write_text("text")
