@@ -166,6 +166,46 @@ def load_sample_factory(name: str | None) -> MakeSample:
         raise ConfigError(f"--sample-factory {name!r} cannot be loaded: {exc}") from None
 
 
+#: What a sample must have (:func:`load_sample_factory`): fields, then methods.
+SAMPLE_FIELDS = ("context", "query", "expected", "context_chars", "context_tokens")
+SAMPLE_METHODS = ("base_prompt", "score")
+
+
+def checked_sample(make_sample: MakeSample, where: tuple, factory: str | None) -> Any:
+    """The sample ``make_sample(*where)`` makes (``where``: task, length, seed, index), checked
+    before any trial pays for it: it has :data:`SAMPLE_FIELDS` and :data:`SAMPLE_METHODS`, a
+    context that is not empty, and a ``score`` that works (an unknown metric fails there).
+
+    Raises:
+        ConfigError: the factory failed or made something that is not such a sample; the
+            message names the factory and the sample.
+    """
+    task, length, seed, index = where
+    who = f"--sample-factory {factory}" if factory else "the built-in tasks"
+    what = f"the sample of task {task!r}, length {length}, seed {seed}, trial {index}"
+    try:
+        sample = make_sample(*where)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: say whose it is
+        raise ConfigError(f"{who} failed making {what}: {type(exc).__name__}: {exc}") from None
+    lacks = [f for f in SAMPLE_FIELDS if not hasattr(sample, f)] + \
+        [f + "()" for f in SAMPLE_METHODS if not callable(getattr(sample, f, None))]
+    if lacks:
+        raise ConfigError(f"{who} returned {type(sample).__name__} for {what}, which lacks "
+                          f"{', '.join(lacks)}: return an rlm.evaluation.tasks.Sample (see "
+                          "'Your own tasks' in docs/benchmarking-depth.md)")
+    ctx = sample.context
+    if not ctx or (isinstance(ctx, str) and not ctx.strip()):
+        raise ConfigError(f"{who} made {what} with an empty context")
+    try:
+        float(sample.score(""))
+    except Exception as exc:  # noqa: BLE001 - an unknown metric, a broken score()
+        raise ConfigError(f"{who}: {what} cannot be scored: {type(exc).__name__}: "
+                          f"{exc}") from None
+    return sample
+
+
 def identified(spec: TrialSpec, sample: Any = None,
                make_sample: MakeSample | None = None) -> TrialSpec:
     """``spec`` with its identity parts filled (:func:`rlm.evaluation.identity.identity_parts`);

@@ -69,6 +69,25 @@ def make_sample(task: str, length: int, seed: int, index: int) -> TinySample:
                       [answer], context_chars=len(ctx), context_tokens=len(ctx) // 4)
 
 
+def bad_raises(task: str, length: int, seed: int, index: int):
+    raise RuntimeError("boom in factory")
+
+
+def bad_none(task: str, length: int, seed: int, index: int):
+    return None
+
+
+def bad_metric(task: str, length: int, seed: int, index: int):
+    from rlm.evaluation.tasks import Sample
+    good = make_sample(task, length, seed, index)
+    return Sample(task, length, seed, index, good.context, good.query, good.expected, "nope",
+                  good.context_chars, good.context_tokens)
+
+
+def bad_empty(task: str, length: int, seed: int, index: int):
+    return TinySample(task, length, seed, index, "  \n", "q?", ["x"])
+
+
 def repl(*lines: str) -> str:
     return "```repl\n" + "\n".join(lines) + "\n```"
 
@@ -462,7 +481,16 @@ def test_mistakes_are_caught_before_anything_is_written(scripted, tmp_path):
     out = tmp_path / "out"
     for extra, needle in ((["--prompt", str(bad)], "unknown field {nope}"),
                           (["--lengths", ","], "--lengths needs at least one length"),
-                          (["--ray", f"127.0.0.1:{_free_port()}"], "no Ray cluster answers")):
+                          (["--ray", f"127.0.0.1:{_free_port()}"], "no Ray cluster answers"),
+                          # the user's samples are checked before the first trial pays
+                          (["--sample-factory", "test_eval_sweep:bad_raises"],
+                           "bad_raises failed making the sample of task 'easy'.*boom in factory"),
+                          (["--sample-factory", "test_eval_sweep:bad_none"],
+                           "returned NoneType .* which lacks context"),
+                          (["--sample-factory", "test_eval_sweep:bad_metric"],
+                           "cannot be scored: .*unknown metric 'nope'"),
+                          (["--sample-factory", "test_eval_sweep:bad_empty"],
+                           "with an empty context")):
         args = grid_args(srv, out, tmp_path / "j.sqlite3") + extra
         res = _Res(rlm_cli(args, env_with_factory(), timeout=60))
         assert_clean_error(res, 2, needle)
