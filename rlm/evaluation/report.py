@@ -18,6 +18,7 @@ from rlm.evaluation.identity import mixed_identities
 from rlm.evaluation.labels import format_length, series_label, series_order
 from rlm.evaluation.needs import check_plotting
 from rlm.evaluation.stats import describe, pass_hat_k, wilson_interval
+from rlm.evaluation.trial import METHODS
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,58 @@ def read_trials(path: Path) -> list[dict]:
             if lineno == numbered[-1][0]:
                 log.warning("%s:%d: skipping a torn last line (%s)", path, lineno, exc)
                 break
-            raise ConfigError(f"{path}:{lineno}: not a JSON trial record ({exc}); "
-                              "the file is damaged before its last line") from None
-        if not isinstance(record, dict):
-            raise ConfigError(f"{path}:{lineno}: a trial record must be a JSON object, "
-                              f"got {type(record).__name__}")
+            raise ConfigError(f"{path}:{lineno}: not a JSON trial record ({exc}); the file "
+                              "is damaged before its last line: fix or delete that line (a "
+                              "deleted trial runs again on the next sweep, its journaled calls "
+                              "served with no model call)") from None
+        problem = (record_problem(record) if isinstance(record, dict) else
+                   f"a trial record must be a JSON object, got {type(record).__name__}")
+        if problem:
+            raise ConfigError(f"{path}:{lineno}: {problem}; fix or delete that line (a deleted "
+                              "trial runs again on the next sweep, its journaled calls served "
+                              "with no model call)")
         trials.append(record)
     return trials
+
+
+#: Per-trial counts and measures: None, or a finite number in 0..1e15.
+_AMOUNTS = ("prompt_tokens", "completion_tokens", "tokens", "cost_usd", "wall_s", "subcalls",
+            "max_depth_reached")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v \
+        and abs(v) < 1e15
+
+
+def record_problem(r: dict) -> str | None:
+    """What makes trial record ``r`` unfit for the report (a hand edit, another tool's file),
+    or None: a field of :data:`REQUIRED` missing or of the wrong type, a ``score`` outside
+    0..1, ``correct`` that disagrees with it, a negative or non-finite count."""
+    missing = [k for k in REQUIRED if k not in r]
+    if missing:
+        return f"the trial record lacks {', '.join(missing)}"
+    checks = (
+        (isinstance(r["task"], str), "task must be a string"),
+        (isinstance(r["length"], int) and not isinstance(r["length"], bool)
+         and r["length"] > 0, "length must be a positive whole number of tokens"),
+        (r["method"] in METHODS, f"method must be one of {', '.join(METHODS)}"),
+        (r.get("depth") is None or (isinstance(r["depth"], int) and r["depth"] >= 0
+                                    and not isinstance(r["depth"], bool)),
+         "depth must be a whole number >= 0 or null"),
+        (r.get("profile") is None or isinstance(r["profile"], str),
+         "profile must be a string or null"),
+        (_number(r["score"]) and 0 <= r["score"] <= 1, "score must be a number from 0 to 1"),
+        (r["correct"] is (_number(r["score"]) and r["score"] == 1.0),
+         "correct must be true exactly when score is 1"),
+    )
+    for ok, what in checks:
+        if not ok:
+            return what
+    for k in _AMOUNTS:
+        if r.get(k) is not None and not (_number(r[k]) and r[k] >= 0):
+            return f"{k} must be a number >= 0 or null, got {r[k]!r}"
+    return None
 
 
 def summarize(trials: list[dict]) -> list[dict]:

@@ -220,6 +220,31 @@ def test_read_trials_refuses_a_damaged_middle_line(tmp_path):
         read_trials(tmp_path / "absent.jsonl")
 
 
+@pytest.mark.parametrize("edit,needle", [
+    ({"score": "abc"}, "score must be a number from 0 to 1"),
+    ({"score": None}, "score must be a number"),
+    ({"score": 7}, "score must be a number from 0 to 1"),
+    ({"score": float("nan")}, "score must be a number"),
+    ({"correct": "yes"}, "correct must be true exactly when score is 1"),
+    ({"tokens": "many"}, "tokens must be a number >= 0"),
+    ({"tokens": 10 ** 400}, "tokens must be a number >= 0"),
+    ({"wall_s": -3}, "wall_s must be a number >= 0"),
+    ({"length": "huge"}, "length must be a positive whole number"),
+    ({"depth": "deep"}, "depth must be a whole number"),
+    ({"method": "magic"}, "method must be one of base, rlm"),
+    ({"task": 5}, "task must be a string")])
+def test_read_trials_names_the_line_of_a_record_unfit_for_the_report(tmp_path, edit, needle):
+    """A hand-edited or foreign record is refused with its line and what to do, not a
+    traceback from the tables (or a mean score of 3.5)."""
+    records = hand_made()[:3]
+    records[1] = dict(records[1], **edit)
+    path = tmp_path / "trials.jsonl"
+    # json.dumps writes NaN and 10**400 as they are; Python's reader takes them back
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"trials\.jsonl:2: " + needle + ".*fix or delete"):
+        read_trials(path)
+
+
 # --- the report files ---------------------------------------------------------
 
 EXPECTED_FILES = {"summary.md", "summary.csv", "summary.json", "accuracy_vs_length.png",
