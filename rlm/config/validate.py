@@ -90,5 +90,10 @@ def _check_number(opt: Option, v: Any) -> None:
         raise ConfigError(f"{label} must be a whole number, got {v!r}")
     lo, hi = opt.min, opt.max
     if (v <= lo if opt.min_exclusive else v < lo) or v > hi:
-        rel = f"> {lo:g}" if opt.min_exclusive else f">= {lo:g}"
-        raise ConfigError(f"{label} must be {rel} and <= {hi:g}, got {v!r}")
+        rel = f"> {_bound(lo)}" if opt.min_exclusive else f">= {_bound(lo)}"
+        raise ConfigError(f"{label} must be {rel} and <= {_bound(hi)}, got {v!r}")
+
+
+def _bound(x: float) -> str:
+    """A limit as a user writes it: whole numbers in full (1048576, not 1.04858e+06)."""
+    return f"{int(x)}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
