@@ -56,7 +56,14 @@ examples:
 A different grid into an existing --out is refused unless --force (then its trials are added
 to the same results). With the embedded model, its server gets one request slot per concurrent
 trial (at least 2). Errors inside a trial (endpoint, kernel, budget) are results
-(status/failure columns), not a stop; bad setup stops the sweep with a message (exit 2)."""
+(status/failure columns), not a stop; bad setup stops the sweep with a message (exit 2).
+
+exit codes:
+  0    the sweep ran (or its --time-budget ended it) and its report is written
+  2    bad setup: a flag, a task, a sample, a missing dependency, another grid in --out,
+       trials that differ in more than the grid's axes (see --allow-mixed)
+  3    every trial run now failed on the model endpoint
+  130  interrupted (Ctrl-C or SIGTERM): finished trials are kept, the same command continues"""
 
 
 def _csv(text: str) -> list[str]:
@@ -108,8 +115,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="trials at once on this machine, each with its own kernels (default 2)")
     r.add_argument("--max-cost-per-trial", type=float, metavar="USD",
                    help="cost cap of each trial (needs a price for the model)")
-    r.add_argument("--trial-timeout", type=float, metavar="S",
-                   help="wall-clock cap of each trial's run, in seconds (default: none); a "
+    r.add_argument("--trial-timeout", metavar="DURATION",
+                   help="wall-clock cap of each trial's run (600, 600s, 10m; default: none); a "
                         "trial stopped by it is recorded as budget_exceeded, a result like any "
                         "other, so a sweep's slowest trials cannot take its whole time")
     r.add_argument("--price-file", metavar="PATH|URL", help='JSON prices {"model": {"input": '
@@ -151,7 +158,8 @@ def _endpoint(args) -> tuple[str | None, str, str]:
         return None, args.embedded_model or DEFAULT_EMBEDDED_MODEL, api_var
     model = args.model or os.environ.get("RLM_MODEL")
     if not model:
-        raise ConfigError("a model endpoint is configured but no model name: pass --model NAME")
+        raise ConfigError("a model endpoint is configured but no model name: pass --model NAME "
+                          "(or set RLM_MODEL)")
     url = args.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--base-url must be an http:// or https:// URL, got {url!r}")
@@ -206,8 +214,9 @@ def grid_from_args(args):
         raise ConfigError(f"--n must be >= 1, got {args.n}")
     if args.max_cost_per_trial is not None and not args.max_cost_per_trial > 0:
         raise ConfigError(f"--max-cost-per-trial must be > 0, got {args.max_cost_per_trial}")
-    if args.trial_timeout is not None and not 0 < args.trial_timeout <= 10**9:
-        raise ConfigError(f"--trial-timeout must be > 0 seconds, got {args.trial_timeout}")
+    from rlm.evaluation.time_budget import parse_duration
+    trial_timeout = (None if args.trial_timeout is None
+                     else parse_duration(args.trial_timeout, "--trial-timeout"))
     if args.base_window is not None and args.base_window <= 2048:
         raise ConfigError(f"--base-window must be > 2048 tokens, got {args.base_window}")
     window = args.base_window or (embedded_window(model) if base_url is None else None)
@@ -220,7 +229,7 @@ def grid_from_args(args):
                 depths=sorted(set(_ints(args.depths, "--depths", 0, MAX_DEPTH_LIMIT))),
                 profiles=_profiles(args.prompt, base_url is None), n=args.n, seed=args.seed,
                 model=model, base_url=base_url, api_key_env=api_var,
-                max_cost_per_trial=args.max_cost_per_trial, trial_timeout=args.trial_timeout,
+                max_cost_per_trial=args.max_cost_per_trial, trial_timeout=trial_timeout,
                 journal=_journal_spec(args.journal),
                 sample_factory=args.sample_factory,
                 price_file=str(Path(args.price_file).resolve()) if args.price_file else None, **kw)

@@ -12,7 +12,9 @@ import logging
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from rlm.config.argtypes import whole_number
 from rlm.cli.argv_secrets import hide_secret_flags
@@ -35,7 +37,7 @@ EXIT_CODES = """exit codes:
   9    the journal failed under the run (connection lost, disk full, locked, removed) and
        stayed down past RLM_JOURNAL_RETRY_SECONDS; `rlm resume` it once the journal is back
   10   resume stopped at a tool call that may have run already (its tool is not idempotent)
-  130  interrupted (Ctrl-C)
+  130  interrupted (Ctrl-C or SIGTERM); the run can be resumed
 """
 
 ENVIRONMENT = """environment:
@@ -69,7 +71,7 @@ def _context_arg(paths: list[str]):
 
 
 def _add_recorded_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
     p.add_argument("--context", metavar="PATH",
                    help="the context (file or directory), if it was given on stdin or has moved")
 
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(rp)
 
     sh = sub.add_parser("show", help="show a run's stage tree with tokens, cost and time")
-    sh.add_argument("run_id", metavar="RUN_ID")
+    sh.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
     sh.add_argument("--max-level", type=int, default=None,
                     help="show only stages at this depth level or shallower")
     add_arguments(sh, "show")
@@ -133,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(ls, "runs")
 
     ex = sub.add_parser("export", help="write a run as JSON Lines (one record per stage and event)")
-    ex.add_argument("run_id", metavar="RUN_ID")
+    ex.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
     ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
     add_arguments(ex, "export")
     from rlm.cli.views import extend_parser  # rlm view, live view, OpenTelemetry flags
@@ -148,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     vf = sub.add_parser("verify", help="check runs against their journal: hash chain, legal "
                         "transitions, evidence, usage, caps, replayed calls")
     which = vf.add_mutually_exclusive_group(required=True)
-    which.add_argument("run_id", metavar="RUN_ID", nargs="?")
+    which.add_argument("run_id", metavar="RUN_ID", nargs="?",
+                       help="the run to verify (rlm runs lists them)")
     which.add_argument("--all", action="store_true", help="verify every run in the journal")
     vf.add_argument("--json", action="store_true")
     add_arguments(vf, "verify")
@@ -223,19 +226,33 @@ def _cmd_run(args) -> int:
     return _emit(res, args)
 
 
+@contextmanager
+def _moved_context_hint(args) -> Iterator[None]:
+    """A recorded run's context file that is gone: say how to point at its new place."""
+    from rlm.errors import ContextError
+    try:
+        yield
+    except ContextError as exc:
+        if args.context or "not found" not in str(exc):
+            raise
+        raise ContextError(f"{exc}; if it has moved, give its new place with --context PATH "
+                           "(the same text: it is checked against the recorded hash)") from None
+
+
 def _cmd_resume(args) -> int:
     from rlm.api import resume
     from rlm.cli.views import run_hooks
     o = options_from_args(args, RESUME)
-    with run_hooks(args, o):
+    with run_hooks(args, o), _moved_context_hint(args):
         res = resume(args.run_id, context=Path(args.context) if args.context else None, **o)
     return _emit(res, args)
 
 
 def _cmd_replay(args) -> int:
     from rlm.api import replay
-    res = replay(args.run_id, context=Path(args.context) if args.context else None,
-                 on_progress=_Progress(args.quiet), **options_from_args(args, REPLAY))
+    with _moved_context_hint(args):
+        res = replay(args.run_id, context=Path(args.context) if args.context else None,
+                     on_progress=_Progress(args.quiet), **options_from_args(args, REPLAY))
     from rlm.cli.views import write_replay_view
     write_replay_view(args, res)
     if not args.quiet and not args.json:

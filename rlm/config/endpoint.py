@@ -64,5 +64,5 @@ def external_endpoint(o: Mapping[str, Any]) -> Endpoint | None:
     model = o.get("model") or os.environ.get("RLM_MODEL")
     if not model:
         raise ConfigError("a model endpoint is configured but no model name: pass "
-                          "--model NAME (or model=...)")
+                          "--model NAME (or model=..., or set RLM_MODEL)")
     return Endpoint(base_url or provider_env(o.get("provider")).default_url, api_key, model)

@@ -36,9 +36,9 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 MAX_BUDGET = 365 * 86400
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--time-budget") -> float:
     """Seconds in a duration such as ``"90m"``, ``"1h30m"``, ``"2h"``, ``"45s"`` or a bare
-    number of seconds (``"5400"``).
+    number of seconds (``"5400"``); ``flag`` names the option in messages.
 
     Raises:
         ConfigError: anything else, or a duration that is not positive or is over
@@ -55,13 +55,13 @@ def parse_duration(text: str) -> float:
             seconds += float(m.group(1)) * _UNITS[m.group(2)]
             pos = m.end()
         if pos != len(s) or not s:
-            raise ConfigError(f"--time-budget: {text!r} is not a duration; write it as 90m, "
+            raise ConfigError(f"{flag}: {text!r} is not a duration; write it as 90m, "
                               "1h30m, 2h, 45s or a number of seconds") from None
     if not seconds > 0 or seconds != seconds:
-        raise ConfigError(f"--time-budget must be positive, got {text!r}")
+        raise ConfigError(f"{flag} must be positive, got {text!r}")
     if seconds > MAX_BUDGET:  # inf or years: the clock arithmetic would overflow
-        raise ConfigError(f"--time-budget must be at most 365 days, got {text!r}; leave it "
-                          "out to run the whole grid")
+        raise ConfigError(f"{flag} must be at most 365 days, got {text!r}; leave it out "
+                          "for no limit")
     return seconds
 
 
@@ -159,6 +159,7 @@ class TimeBudget:
         more = f" and {len(cells) - 8} more cells" if len(cells) > 8 else ""
         cancelled = (f"; {self.cancelled} running trial(s) were cancelled at the budget and "
                      "resume from the journal" if self.cancelled else "")
-        return (f"the time budget ({self.seconds / 60:.1f} min) is spent: {len(left)} trial(s) "
+        spent = f"{self.seconds:g} s" if self.seconds < 120 else f"{self.seconds / 60:.1f} min"
+        return (f"the time budget ({spent}) is spent: {len(left)} trial(s) "
                 f"in {len(cells)} cell(s) were not started: {shown}{more}{cancelled}. Run the "
                 "same command again to continue where this one stopped.")

@@ -281,6 +281,21 @@ def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
     assert_clean_error(res, 6, "changed")
 
 
+def test_a_moved_context_file_is_named_with_the_way_to_point_at_it(cli, scripted, ctx_file,
+                                                                   tmp_path):
+    """(A finished run's resume needs no context; replay re-reads it. An unfinished run's
+    resume goes through the same hint.)"""
+    command = "replay"
+    srv = scripted(script([repl("FINAL(len(context))")]))
+    assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "moved-1",
+               *endpoint_args(srv)).rc == 0
+    moved = tmp_path / "elsewhere.txt"
+    ctx_file.rename(moved)
+    res = cli(command, "moved-1")
+    assert_clean_error(res, 2, "not found", "--context PATH")
+    assert cli(command, "moved-1", "--context", str(moved)).rc == 0
+
+
 def test_replay_of_a_non_deterministic_cell_gives_no_resume_advice(cli, scripted, ctx_file):
     # the divergence message told a replay to "Resume with --on-divergence live", which a
     # replay does not take and a finished run's resume ignores

@@ -310,10 +310,13 @@ def test_trial_timeout_caps_each_trial(scripted, tmp_path):
     srv = scripted(slow_hard)
     env = env_with_factory()
     out = tmp_path / "out"
-    assert_clean_error_cli(rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3", 1,
-                                             "--trial-timeout", "0"), env), "--trial-timeout")
+    for bad in ("0", "abc", "inf", "-5m"):
+        assert_clean_error_cli(rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3", 1,
+                                                 "--trial-timeout=" + bad), env),
+                               "--trial-timeout")
+    assert srv.count == 0
     res = rlm_cli(grid_args(srv, out, tmp_path / "j.sqlite3", 1, "--methods", "rlm",
-                            "--depths", "1", "--trial-timeout", "4"), env)
+                            "--depths", "1", "--trial-timeout", "4s"), env)
     assert res.returncode == 0, res.stderr
     by_task = {r["task"]: r for r in read_jsonl(out / "trials.jsonl")}
     assert by_task["easy"]["status"] == "completed" and by_task["easy"]["correct"], by_task["easy"]
