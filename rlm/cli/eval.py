@@ -271,6 +271,10 @@ def _journal_spec(value: str | None) -> str | None:
 def cmd_eval(args) -> int:
     """``rlm eval``: a sweep into ``--out`` (then its report), or ``--report DIR`` alone."""
     if args.report:
+        ignored = _sweep_flags_given(args)
+        if ignored:
+            print(f"rlm: --report only rebuilds {args.report}'s tables and plots from its "
+                  f"trials.jsonl; ignoring {', '.join(ignored)}", file=sys.stderr)
         return _report(Path(args.report), args.quiet, args.allow_mixed)
     if not args.out:
         raise ConfigError("rlm eval needs --out DIR (or --report DIR to rebuild a report)")
@@ -312,6 +316,19 @@ def cmd_eval(args) -> int:
               file=sys.stderr)
         return 3
     return 0
+
+
+#: Flags of a sweep that ``--report`` does not use: (flag, attribute, value when not given).
+_SWEEP_FLAGS = (("--out", "out", None), ("--tasks", "tasks", DEFAULT_TASKS),
+                ("--lengths", "lengths", DEFAULT_LENGTHS), ("--methods", "methods", "base,rlm"),
+                ("--depths", "depths", "0,1,2"), ("--prompt", "prompt", None), ("--n", "n", 5),
+                ("--time-budget", "time_budget", None), ("--trial-timeout", "trial_timeout", None),
+                ("--ray", "ray", None), ("--force", "force", False))
+
+
+def _sweep_flags_given(args) -> list[str]:
+    """The sweep flags given with ``--report`` (which only reads trials.jsonl)."""
+    return [flag for flag, attr, unset in _SWEEP_FLAGS if getattr(args, attr, unset) != unset]
 
 
 def _report(out: Path, quiet: bool, allow_mixed: bool) -> int:

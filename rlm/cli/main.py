@@ -187,8 +187,8 @@ def _all_attempts(usage: dict) -> str:
         return ""
     return (f" in this attempt; over all attempts {a.get('calls', 0)} call(s), "
             f"{a.get('total_tokens', 0)} tokens, ${a.get('cost_usd', 0):.4f}"
-            + (f" ({a['open_at_resume']} call(s) in flight at the crash counted at their "
-               "reservation)" if a.get("open_at_resume") else ""))
+            + (f" ({a['open_at_resume']} call(s) in flight when the last attempt stopped "
+               "(a crash or an interrupt) counted at their reservation)" if a.get("open_at_resume") else ""))
 
 
 def _emit(res, args, summary: bool = True) -> int:

@@ -263,6 +263,13 @@ def test_report_refuses_mixed_identities_unless_allow_mixed(scripted, tmp_path):
     assert (out / "summary.md").stat().st_mtime_ns == before  # nothing rewritten
     allowed = rlm_cli(["eval", "--report", str(out), "--allow-mixed"], env)
     assert allowed.returncode == 0, allowed.stderr
+    assert "ignoring" not in allowed.stderr
+    # sweep flags beside --report are not used, and it says so
+    told = rlm_cli(["eval", "--report", str(out), "--allow-mixed", "--tasks", "cwe", "--n", "3",
+                    "--out", str(tmp_path / "other")], env)
+    assert told.returncode == 0, told.stderr
+    assert "ignoring --out, --tasks, --n" in told.stderr, told.stderr
+    assert not (tmp_path / "other").exists()
 
 
 def test_mixed_identities_name_each_part_that_differs(tmp_path):
