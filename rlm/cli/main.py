@@ -40,6 +40,9 @@ EXIT_CODES = """exit codes:
   130  interrupted (Ctrl-C or SIGTERM); the run can be resumed
 """
 
+#: The help of the RUN_ID argument of resume, replay, show, export, view.
+RUN_ID_HELP = "the run's id, as printed when it started and listed by rlm runs"
+
 ENVIRONMENT = """environment:
   OPENAI_BASE_URL   endpoint base URL when --base-url is not given
   OPENAI_API_KEY    API key when --api-key is not given (never passed to kernels)
@@ -71,7 +74,7 @@ def _context_arg(paths: list[str]):
 
 
 def _add_recorded_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
+    p.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     p.add_argument("--context", metavar="PATH",
                    help="the context (file or directory), if it was given on stdin or has moved")
 
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(rp)
 
     sh = sub.add_parser("show", help="show a run's stage tree with tokens, cost and time")
-    sh.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
+    sh.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     sh.add_argument("--max-level", type=int, default=None,
                     help="show only stages at this depth level or shallower")
     add_arguments(sh, "show")
@@ -135,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(ls, "runs")
 
     ex = sub.add_parser("export", help="write a run as JSON Lines (one record per stage and event)")
-    ex.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
+    ex.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
     add_arguments(ex, "export")
     from rlm.cli.views import extend_parser  # rlm view, live view, OpenTelemetry flags
@@ -188,7 +191,8 @@ def _all_attempts(usage: dict) -> str:
     return (f" in this attempt; over all attempts {a.get('calls', 0)} call(s), "
             f"{a.get('total_tokens', 0)} tokens, ${a.get('cost_usd', 0):.4f}"
             + (f" ({a['open_at_resume']} call(s) in flight when the last attempt stopped "
-               "(a crash or an interrupt) counted at their reservation)" if a.get("open_at_resume") else ""))
+               "(a crash or an interrupt) counted at their reservation)"
+               if a.get("open_at_resume") else ""))
 
 
 def _emit(res, args, summary: bool = True) -> int:

@@ -38,7 +38,8 @@ def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:
                        "and the run's data inlined) showing the run's header, stage tree, each "
                        "iteration's reply, code and output, sub-calls, children, a timeline and "
                        "search. Deep links: FILE.html#STAGE-ID.")
-    v.add_argument("run_id", metavar="RUN_ID", help="the run's id, as printed when it started and listed by rlm runs")
+    v.add_argument("run_id", metavar="RUN_ID",
+                   help="the run's id, as printed when it started and listed by rlm runs")
     v.add_argument("-o", "--output", metavar="FILE.html",
                    help="output file (default rlm-view-RUN_ID.html in the current directory, "
                         "characters other than letters, digits and -_.: as _)")
