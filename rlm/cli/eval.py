@@ -17,6 +17,7 @@ from rlm.config.options import EMBEDDED_MODELS, MAX_DEPTH_LIMIT, OPTIONS
 
 DEFAULT_TASKS = "niah_single_2,niah_multikey_1,cwe,qa_1,aggregation"
 DEFAULT_LENGTHS = "8k,32k"
+DEFAULT_METHODS, DEFAULT_DEPTHS, DEFAULT_N = "base,rlm", "0,1,2", 5
 #: The environment variable ``--api-key`` is put in for the trials (and Ray workers).
 API_KEY_VAR = "RLM_EVAL_API_KEY"
 
@@ -81,15 +82,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--lengths", default=DEFAULT_LENGTHS, metavar="LIST",
                    help="context lengths in tokens (o200k): 8k = 8192, 1M = 1048576, or plain "
                         f"numbers (default {DEFAULT_LENGTHS})")
-    g.add_argument("--methods", default="base,rlm", metavar="LIST",
+    g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST",
                    help="base and/or rlm (default base,rlm)")
-    g.add_argument("--depths", default="0,1,2", metavar="LIST",
+    g.add_argument("--depths", default=DEFAULT_DEPTHS, metavar="LIST",
                    help=f"max_depth values of the rlm method, 0..{MAX_DEPTH_LIMIT} (default 0,1,2)")
     g.add_argument("--prompt", metavar="LIST",
                    help="rlm prompt profiles: small, small-count, general, or a prompt "
                         "file's path; comma-separated (default small,general with the embedded "
                         "model, general with an endpoint)")
-    g.add_argument("--n", type=int, default=5, metavar="N", help="trials per cell (default 5)")
+    g.add_argument("--n", type=int, default=DEFAULT_N, metavar="N",
+                   help="trials per cell (default 5)")
     g.add_argument("--seed", type=int, default=0, help="seed of the samples (default 0)")
     g.add_argument("--sample-factory", metavar="MODULE:FUNCTION",
                    help="your own tasks: a function (task, length, seed, index) -> a sample "
@@ -320,8 +322,10 @@ def cmd_eval(args) -> int:
 
 #: Flags of a sweep that ``--report`` does not use: (flag, attribute, value when not given).
 _SWEEP_FLAGS = (("--out", "out", None), ("--tasks", "tasks", DEFAULT_TASKS),
-                ("--lengths", "lengths", DEFAULT_LENGTHS), ("--methods", "methods", "base,rlm"),
-                ("--depths", "depths", "0,1,2"), ("--prompt", "prompt", None), ("--n", "n", 5),
+                ("--lengths", "lengths", DEFAULT_LENGTHS),
+                ("--methods", "methods", DEFAULT_METHODS),
+                ("--depths", "depths", DEFAULT_DEPTHS), ("--prompt", "prompt", None),
+                ("--n", "n", DEFAULT_N),
                 ("--time-budget", "time_budget", None), ("--trial-timeout", "trial_timeout", None),
                 ("--ray", "ray", None), ("--force", "force", False))
 
