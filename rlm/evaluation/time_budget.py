@@ -157,9 +157,12 @@ class TimeBudget:
                           + (f" {c[4]}" if c[4] else "") + f" ({n})"
                           for c, n in sorted(cells.items(), key=lambda p: str(p[0]))[:8])
         more = f" and {len(cells) - 8} more cells" if len(cells) > 8 else ""
-        cancelled = (f"; {self.cancelled} running trial(s) were cancelled at the budget and "
-                     "resume from the journal" if self.cancelled else "")
+        # Only the parts that happened: "0 trial(s) ... were not started: ;" reads as a bug.
+        parts = [f"{len(left)} trial(s) in {len(cells)} cell(s) were not started: {shown}{more}"
+                 ] if left else []
+        if self.cancelled:
+            parts.append(f"{self.cancelled} running trial(s) were cancelled at the budget and "
+                         "resume from the journal")
         spent = f"{self.seconds:g} s" if self.seconds < 120 else f"{self.seconds / 60:.1f} min"
-        return (f"the time budget ({spent}) is spent: {len(left)} trial(s) "
-                f"in {len(cells)} cell(s) were not started: {shown}{more}{cancelled}. Run the "
+        return (f"the time budget ({spent}) is spent: {'; '.join(parts)}. Run the "
                 "same command again to continue where this one stopped.")

@@ -70,6 +70,15 @@ def test_a_cell_is_estimated_from_its_own_trials_only():
     assert not budget.admit(Spec("a", 8000, 2)) and budget.admit(Spec("a", 8000, 1))
 
 
+def test_the_summary_names_only_what_happened():
+    budget = TimeBudget(100)
+    assert budget.left_summary() == ""  # nothing left, nothing cancelled: nothing to say
+    budget.cancelled = 1
+    text = budget.left_summary()
+    assert "1 running trial(s) were cancelled" in text and "not started" not in text, text
+    assert ": ;" not in text and "Run the same command again" in text
+
+
 def test_a_sweep_stops_at_its_budget_and_the_same_command_continues(scripted, tmp_path):
     srv = scripted(responder, latency=0.5)
     out, journal = tmp_path / "out", tmp_path / "j.sqlite3"
