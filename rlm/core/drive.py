@@ -125,6 +125,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHoo
         run.close()
         if end.root is None:  # ended before a loop took the context: its scratch copy goes here
             ctx.discard()
+        _settle_cells(run.tree, CELL_SETTLE_SECONDS)
         cancel_open(run.tree, "cancelled" if end.status in ("cancelled", "budget_exceeded")
                     or end.raised is not None else "failed")
     res = _result(run, end, recorded, t0)
@@ -138,6 +139,20 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHoo
         end.raised.journaled = journal is not None  # type: ignore[attr-defined]
         raise end.raised
     return res
+
+
+#: Seconds a run's end waits for cells still running (a child's cell winding down after its
+#: parent's interrupt: a kernel that ignores it is killed after 1 s, ``kernels.kernel``) to end
+#: on their own, so their stages keep their evidence instead of being swept without it.
+CELL_SETTLE_SECONDS = 2.0
+
+
+def _settle_cells(tree: Any, seconds: float) -> None:
+    """Wait up to ``seconds`` (s) while any ``cell`` stage of ``tree`` is still running."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(
+            st.kind == Kind.cell and st.status == Status.running for st in tree.all()):
+        time.sleep(0.05)
 
 
 def _set_up(run: RunTree, ctx: LoadedContext, query: str | None, hooks: RunHooks,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.control import CancelScope, Task, WaitClock
+from harness.control import CancelScope, Cancelled, Task, WaitClock
 from harness.stages.tree import Kind, Status
 from kernels.bridge import Registration
 from kernels.kernel import CellResult, Kernel, KernelDied
@@ -196,6 +196,9 @@ class RLMLoop:
                 self.current_cell, self.cell_scope = cell.id, cell_scope
                 try:
                     res = self.run_cell(code, cell_scope)
+                except BaseException as exc:
+                    cell.evidence = cut_off_evidence(code, exc)
+                    raise
                 finally:
                     self.current_cell, self.cell_scope = None, None
                     cell_scope.close()
@@ -386,6 +389,21 @@ class RLMLoop:
                 pass
         self.held.keep(self)
         self.kernel = self.reg = None
+
+
+def cut_off_evidence(code: str, exc: BaseException) -> dict:
+    """The evidence of a cell that did not return: its run was cancelled (a parent cell's
+    interrupt, Ctrl-C), the wall cap ended it, or its kernel died and could not be restarted.
+
+    Without it such a cell stage would say nothing of what it ran or why it stopped; a kernel
+    killed after an interrupt it did not answer in time ends this way too (``kernels.kernel``).
+
+    Returns:
+        the keys of a returned cell's evidence (``output`` empty, ``final`` None) and ``error``.
+    """
+    return {"code": code, "output": "", "final": None, "timed_out": False,
+            "interrupted": isinstance(exc, (Cancelled, KeyboardInterrupt)),
+            "died": isinstance(exc, KernelError), "error": f"{type(exc).__name__}: {exc}"}
 
 
 def opening(context: Any, query: str | None, opts: Any, level: int = 0) -> tuple[str, str]:

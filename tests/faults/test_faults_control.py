@@ -714,3 +714,35 @@ def test_kind13_calibrated_accountant_randomized():
         tot = a.totals()
         assert tot["total_tokens"] <= cap_tokens, (trial, fp, fo, tot)
         assert tot["cost_usd"] <= cap_cost + 1e-12, (trial, fc, tot)
+
+
+def test_kind5_a_child_cell_cut_off_by_its_parents_interrupt_keeps_its_evidence():
+    """A child's cell that ignores SIGINT is killed when its parent's cell is interrupted; its
+    stage still records the code it ran and that it was interrupted (not a timeout), as the
+    cells that stop in time do. Before, such a stage had no evidence at all."""
+    interrupter = CellInterrupter()
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "time.sleep(60)")
+
+    def responder(req):
+        system = req["messages"][0]["content"]
+        if "of 7 characters" in system:  # the child ('child-1')
+            interrupter.after(2.0)
+            return repl(stubborn)
+        if _turn(req) == 0:
+            return repl("r = rlm('child-1')")
+        return repl("FINAL('root done')")
+
+    with ScriptedServer(responder) as srv:
+        started = time.monotonic()
+        res = rlm.completion("root context here", "q", base_url=srv.base_url, api_key="k",
+                             model="m", max_depth=2, cell_timeout=120, journal=False,
+                             cancel=interrupter)
+        took = time.monotonic() - started
+    assert res.status == "completed" and res.answer == "root done", res.reason
+    assert took < 45, took  # the child's 60 s sleep did not run out
+    child_cells = [s for s in res.tree.all() if s.kind == "cell" and s.level == 1]
+    assert child_cells, [s.kind for s in res.tree.all()]
+    ev = child_cells[0].evidence
+    assert ev and ev["code"] == stubborn, ev
+    assert ev["interrupted"] and not ev["timed_out"], ev
