@@ -14,8 +14,9 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     """Score interval for a binomial proportion (Wilson 1927, JASA 22:209-212).
 
     ``successes`` of ``n`` trials passed; ``z`` is the normal quantile (1.959964
-    gives a 95% interval). Returns ``(low, high)``, both within [0, 1]:
-    ``(p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)`` with ``p = successes/n``.
+    gives a 95% interval). Returns ``(low, high)``, both within [0, 1] and with
+    ``low <= p <= high``, where ``p = successes/n``:
+    ``(p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``.
     Unlike the plain normal interval it stays inside [0, 1] and does not collapse
     to a point at 0 or n successes. With ``n == 0`` nothing is known: ``(0.0, 1.0)``.
 
@@ -29,7 +30,9 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p exactly; rounding can put an end a hair past it (4 of 4 gave a
+    # high of 0.9999999999999999), which a plot's error bar reads as negative.
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def pass_hat_k(successes: int, n: int, k: int) -> float:

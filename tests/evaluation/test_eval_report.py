@@ -92,6 +92,16 @@ def test_wilson_interval_edges_and_bad_counts():
         wilson_interval(0, -1)
 
 
+def test_wilson_interval_holds_the_proportion_for_every_count():
+    # 4 of 4 once gave a high of 0.9999999999999999 < 1.0, and the plot's error bar below
+    # the point came out negative (matplotlib refuses it); check every count up to 60
+    for n in range(1, 61):
+        for s in range(n + 1):
+            low, high = wilson_interval(s, n)
+            assert 0.0 <= low <= s / n <= high <= 1.0, (s, n, low, high)
+    assert wilson_interval(4, 4)[1] == 1.0
+
+
 def test_pass_hat_k_matches_hand_computed_numbers():
     # c=3, n=5: C(3,2)/C(5,2) = 3/10, C(3,3)/C(5,3) = 1/10, C(3,5) = 0
     assert pass_hat_k(3, 5, 1) == pytest.approx(0.6)
@@ -343,6 +353,21 @@ def test_accuracy_vs_length_draws_points_and_interval_bars_per_series(tmp_path):
     want = [r for r in rows if r["task"] == "niah_single_2" and r["method"] == "base"]
     got = sorted((round(seg[0][1], 6), round(seg[1][1], 6)) for seg in bars.get_segments())
     assert got == sorted((round(r["ci_low"], 6), round(r["ci_high"], 6)) for r in want)
+
+
+def test_accuracy_vs_length_draws_cells_whose_interval_rounds_past_the_point(tmp_path):
+    # 4 of 4 and 0 of 4 beside the hand-made cells: a full-marks cell's bar goes from its low
+    # end up to 1.0 exactly (before the fix matplotlib raised on a negative error bar)
+    trials = hand_made() + [trial("cwe", 32768, "rlm", 1, "small", i, 1.0) for i in range(4)]
+    trials += [trial("cwe", 32768, "base", None, None, i, 0.0, "wrong") for i in range(4)]
+    path = tmp_path / "acc.png"
+    fig = plots.accuracy_vs_length(summarize(trials), path)
+    _valid_png(path)
+    cwe = next(ax for ax in fig.axes if ax.get_title() == "cwe")
+    bars = {c.get_label(): [(round(seg[0][1], 4), round(seg[1][1], 4))
+                            for seg in c.lines[2][0].get_segments()] for c in cwe.containers}
+    # rlm d1 small: 1 of 1 at 8k, 4 of 4 at 32k; base: 0 of 4 at 32k
+    assert bars == {"rlm d1 small": [(0.2065, 1.0), (0.5101, 1.0)], "base": [(0.0, 0.4899)]}
 
 
 def test_cost_vs_depth_plots_usd_or_tokens_when_nothing_cost_money(tmp_path):
