@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlm.errors import ConfigError
+from rlm.errors import ConfigError, RLMError
 from rlm.models.catalog import DEFAULT_EMBEDDED_MODEL
 from rlm.evaluation.identity import changed_parts, mixed_identities
 from rlm.evaluation.progress import ProgressBar
@@ -142,6 +142,25 @@ def _cut_torn_tail(path: Path) -> None:
         f.truncate(data.rfind(b"\n") + 1)
 
 
+class ReportFailed(RLMError):
+    """The sweep's trials ran and are recorded in ``trials.jsonl``, but its report (tables,
+    plots) could not be written. Exit code 2 for an OS error (a full disk, a read-only
+    directory), 1 for anything else (a bug). ``rlm eval --report OUT`` rebuilds the report
+    from the recorded trials without running any of them again."""
+
+    def __init__(self, sweep: "Sweep", exc: BaseException) -> None:
+        if isinstance(exc, OSError):
+            where = f" ({exc.filename})" if exc.filename else ""
+            what = f"{exc.strerror or exc}{where}; check free disk space and permissions"
+            self.exit_code = 2
+        else:
+            what = f"{type(exc).__name__}: {exc} (a bug: please report it)"
+        super().__init__(
+            f"the trials are recorded in {sweep.trials_path}, but writing the report failed: "
+            f"{what}. Rebuild the tables and plots with `rlm eval --report {sweep.out}`; no "
+            "trial runs again")
+
+
 class Sweep:
     """Runs a :class:`Grid` into an output directory, resumably.
 
@@ -212,6 +231,7 @@ class Sweep:
                 grid in ``out`` (without ``force``), trials of an earlier grid in ``out`` that
                 differ in more than the axes (without ``allow_mixed``), or a trial's bad setup
                 (the sweep stops; finished trials stay recorded).
+            ReportFailed: every trial ran and is recorded, but writing the report failed.
             KeyboardInterrupt: interrupted; running trials are cancelled (resumable).
         """
         from rlm.evaluation.needs import check_needs
@@ -227,7 +247,7 @@ class Sweep:
         t0 = time.monotonic()
         self._check_grid()
         _cut_torn_tail(self.trials_path)
-        from rlm.evaluation.report import read_trials, write_report
+        from rlm.evaluation.report import read_trials
         recorded = read_trials(self.trials_path) if self.trials_path.is_file() else []
         self.specs = self._identify()
         todo = self._plan({r.get("key"): r for r in recorded})  # the last record of a key wins
@@ -254,7 +274,18 @@ class Sweep:
                 self.stats["left"] = len(self.budget.skipped) + self.budget.cancelled
         if self.budget is not None and not self.stats["run"] and not recorded:
             return {}  # the budget ended before a first trial finished: nothing to report yet
-        return write_report(self.out, allow_mixed=self.allow_mixed)
+        return self._report()
+
+    def _report(self) -> dict[str, Path]:
+        """The report of ``trials.jsonl`` once the trials are paid for: a failure (a full disk,
+        a plotting bug) raises :class:`ReportFailed`, which says the trials are kept."""
+        from rlm.evaluation.report import write_report
+        try:
+            return write_report(self.out, allow_mixed=self.allow_mixed)
+        except RLMError:
+            raise  # mixed identities and missing packages say what to do themselves
+        except Exception as exc:
+            raise ReportFailed(self, exc) from exc
 
     def _identify(self) -> list[TrialSpec]:
         """The grid's trials with their identities (:func:`identified`), each sample made once

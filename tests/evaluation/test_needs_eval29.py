@@ -80,6 +80,46 @@ def test_report_without_matplotlib_writes_nothing(scripted, tmp_path):
     assert not (out / "summary.md").exists() and not (out / "summary.csv").exists()
 
 
+# --------------------------------------------------------------------------- after it paid
+
+# How the report's last step fails, in the `rlm` process of the test: a plotting bug (the
+# negative error bar matplotlib refused at the end of a real sweep) and a full disk.
+REPORT_FAULTS = {
+    "bug": ("ValueError(\"'yerr' must not contain negative values\")", 1, "ValueError"),
+    "disk": ("OSError(errno.ENOSPC, 'No space left on device', str(out) + '/x.png')", 2,
+             "No space left on device"),
+}
+
+
+def rlm_with_failing_plots(fault: str, out, args: list[str], env: dict) -> _Res:
+    """``rlm ARGS`` in a process whose plots raise the ``REPORT_FAULTS[fault]`` error."""
+    code = ("import errno, sys\nimport rlm.evaluation.plots as plots\n"
+            f"out = {str(out)!r}\n"
+            f"def fail(*a, **k):\n    raise {REPORT_FAULTS[fault][0]}\n"
+            "plots.write_plots = fail\nfrom rlm.cli.main import main\nsys.exit(main())\n")
+    return _Res(subprocess.run([sys.executable, "-c", code, *args], env=env,
+                               capture_output=True, text=True, timeout=120))
+
+
+@pytest.mark.parametrize("fault", sorted(REPORT_FAULTS))
+def test_a_report_that_fails_after_the_trials_keeps_them_and_says_how_to_rebuild(
+        fault, scripted, tmp_path):
+    srv = scripted(responder)
+    out = tmp_path / "out"
+    res = rlm_with_failing_plots(fault, out, grid_args(srv, out, tmp_path / "j.sqlite3", 1),
+                                 env_with_factory())
+    rc, detail = REPORT_FAULTS[fault][1:]
+    assert_clean_error(res, rc, "trials are recorded in .*trials.jsonl", re.escape(detail),
+                       re.escape(f"rlm eval --report {out}"))
+    paid = srv.count
+    assert paid > 0 and len((out / "trials.jsonl").read_text().splitlines()) == 6
+    # the rebuild the message names writes the report and sends nothing
+    done = rlm_cli(["eval", "--report", str(out)], env_with_factory())
+    assert done.returncode == 0, done.stderr
+    assert (out / "summary.md").is_file() and (out / "accuracy_vs_length.png").is_file()
+    assert srv.count == paid
+
+
 # --------------------------------------------------------------------------- the ETA
 
 
