@@ -205,9 +205,7 @@ class RLMLoop:
                 if cut is not None:
                     cut()
                 out = prompts.truncate(res.output, opts.max_output_chars)
-                cell.evidence = {"code": code, "output": out, "final": res.final,
-                                 "timed_out": res.timed_out, "interrupted": res.interrupted,
-                                 "died": res.died}
+                cell.evidence = cell_evidence(code, out, res)
                 if res.final is not None and self.check is not None:
                     verdict = self.check.check(res.final)  # the FINAL-acceptance gate
                     cell.evidence["check"] = verdict.evidence()
@@ -391,6 +389,13 @@ class RLMLoop:
         self.kernel = self.reg = None
 
 
+def cell_evidence(code: str, output: str, res: CellResult) -> dict:
+    """A cell stage's evidence: its ``code``, its ``output`` (as the model was shown it) and
+    how ``res`` ended (``final``, ``timed_out``, ``interrupted``, ``died``)."""
+    return {"code": code, "output": output, "final": res.final, "timed_out": res.timed_out,
+            "interrupted": res.interrupted, "died": res.died}
+
+
 def cut_off_evidence(code: str, exc: BaseException) -> dict:
     """The evidence of a cell that did not return: its run was cancelled (a parent cell's
     interrupt, Ctrl-C), the wall cap ended it, or its kernel died and could not be restarted.
@@ -399,11 +404,11 @@ def cut_off_evidence(code: str, exc: BaseException) -> dict:
     killed after an interrupt it did not answer in time ends this way too (``kernels.kernel``).
 
     Returns:
-        the keys of a returned cell's evidence (``output`` empty, ``final`` None) and ``error``.
+        :func:`cell_evidence` with no output and no ``final``, and ``error``.
     """
-    return {"code": code, "output": "", "final": None, "timed_out": False,
-            "interrupted": isinstance(exc, (Cancelled, KeyboardInterrupt)),
-            "died": isinstance(exc, KernelError), "error": f"{type(exc).__name__}: {exc}"}
+    ended = CellResult(interrupted=isinstance(exc, (Cancelled, KeyboardInterrupt)),
+                       died=isinstance(exc, KernelError))
+    return dict(cell_evidence(code, "", ended), error=f"{type(exc).__name__}: {exc}")
 
 
 def opening(context: Any, query: str | None, opts: Any, level: int = 0) -> tuple[str, str]:
