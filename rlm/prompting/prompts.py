@@ -212,8 +212,9 @@ def _small_count(head: str, lookup: str, with_map: bool) -> str:
 #: reduced in code (B), and the lookup of :data:`SYSTEM` (C); the context's metadata comes last,
 #: so the fixed part is a prefix llama.cpp's prompt cache reuses across runs. Measured on the
 #: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
-#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5). The 0.5B copies one program and
-#: does not choose well between three, so this is a profile to pick, not the default.
+#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5); ``fwe``, ``cwe`` and ``aggregation``
+#: 0 of 5 with either. The 0.5B copies one program and does not choose well between three, so
+#: this is a profile to pick, not the default.
 SYSTEM_SMALL_COUNT = _small_count(_SMALL_HEAD, _LOOKUP, with_map=True)
 
 # Loops without sub-calls (max_depth=0, rlm eval's depth 0 "Python only") refuse llm_query,
