@@ -205,6 +205,10 @@ class _RunEnd:
             self.status, self.reason, self.raised = "cancelled", "interrupted", KeyboardInterrupt()
         elif isinstance(exc, (RLMError, DivergenceError, JournalError)):
             self.status, self.reason, self.raised = "failed", str(exc), exc
+        elif isinstance(exc, OSError):  # the machine's (a full disk, a path not writable)
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            self.status, self.raised = "failed", exc
+            self.reason = f"{exc.strerror or exc}{where}"
         elif isinstance(exc, Exception):  # a bug: journaled as failed, not left running
             self.status, self.raised = "failed", exc
             self.reason = f"internal error: {type(exc).__name__}: {exc}"

@@ -11,7 +11,9 @@ tiktoken itself publishes for that file
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import logging
 import os
 import struct
 import threading
@@ -31,10 +33,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLM_CACHE_DIR") or Path.home() / ".cache" / "rlm")
 
 
-def _ranks_file() -> Path:
-    target = cache_dir() / "o200k_base.tiktoken"
-    if target.exists():
-        return target
+def _shipped_ranks() -> tuple[dict[bytes, int], bytes]:
+    """The o200k_base ranks from quicktok-v1: ({token bytes: rank}, tiktoken's text format).
+
+    Raises:
+        ConfigError: the package is missing, or its data fails tiktoken's published hash.
+    """
     try:
         from importlib.util import find_spec
         spec = find_spec("quicktok")
@@ -45,7 +49,7 @@ def _ranks_file() -> Path:
             "token counting needs the o200k_base ranks shipped in the 'quicktok-v1' package; "
             f"reinstall with: pip install 'quicktok-v1==0.4.0' ({exc})") from exc
     (count,) = struct.unpack_from("<I", blob, 0)
-    off, lines = 4, []
+    off, lines, ranks = 4, [], {}
     for _ in range(count):
         (n,) = struct.unpack_from("<H", blob, off)
         off += 2
@@ -53,17 +57,41 @@ def _ranks_file() -> Path:
         off += n
         (rank,) = struct.unpack_from("<I", blob, off)
         off += 4
+        ranks[tok] = rank
         lines.append(base64.b64encode(tok) + b" " + str(rank).encode())
     data = b"\n".join(lines) + b"\n"
     digest = hashlib.sha256(data).hexdigest()
     if digest != O200K_SHA256:
         raise ConfigError(f"o200k_base ranks from quicktok-v1 do not match tiktoken's published "
                           f"hash (got {digest}); reinstall 'quicktok-v1==0.4.0'")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    return ranks, data
+
+
+def _ranks() -> dict[bytes, int]:
+    """The ranks, from the cache file when there is one; else built and cached. A cache that
+    cannot be written (a home that is not writable, say) costs the conversion per process, not
+    the run: it is logged once with the way out (``RLM_CACHE_DIR``)."""
+    from tiktoken.load import load_tiktoken_bpe
+    target = cache_dir() / "o200k_base.tiktoken"
+    try:
+        if target.is_file():
+            return load_tiktoken_bpe(str(target), expected_hash=O200K_SHA256)
+    except (OSError, ValueError):
+        pass  # unreadable or damaged: rebuilt below from the package, the source of truth
+    ranks, data = _shipped_ranks()
     tmp = target.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
-    return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        logging.getLogger(__name__).warning(
+            "cannot write the token-rank cache %s (%s); token counting goes on without it. "
+            "Set RLM_CACHE_DIR to a writable directory to keep it", target.parent,
+            exc.strerror or exc)
+    return ranks
 
 
 def encoding():
@@ -77,11 +105,9 @@ def encoding():
         with _LOCK:
             if _ENCODING is None:
                 import tiktoken
-                from tiktoken.load import load_tiktoken_bpe
 
-                ranks = load_tiktoken_bpe(str(_ranks_file()), expected_hash=O200K_SHA256)
                 _ENCODING = tiktoken.Encoding(
-                    name="o200k_base", pat_str=_pat(), mergeable_ranks=ranks,
+                    name="o200k_base", pat_str=_pat(), mergeable_ranks=_ranks(),
                     special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018})
     return _ENCODING
 
