@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from rlm.config.checks import http_url
 from rlm.config.endpoint import endpoint_configured
-from rlm.config.options import OPTIONS, Option
+from rlm.config.options import OPTIONS, SANDBOX_MODES, Option
 from rlm.errors import ConfigError
 from rlm.models.base import provider_env
 
@@ -60,6 +60,7 @@ def validate_options(o: Mapping[str, Any]) -> None:
     if listeners is not None and (not isinstance(listeners, (list, tuple))
                                   or not all(callable(x) for x in listeners)):
         raise ConfigError(f"listeners must be a list of callables, got {listeners!r}")
+    _check_env_sandbox(o)
     spec = provider_env(o.get("provider"))
     env_url = os.environ.get(spec.url_env)
     if not o.get("base_url") and env_url:
@@ -70,6 +71,19 @@ def validate_options(o: Mapping[str, Any]) -> None:
         raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
                           f"{spec.url_env} / {spec.key_env}); without one the embedded model "
                           "is used, chosen with --embedded-model")
+
+
+def _check_env_sandbox(o: Mapping[str, Any]) -> None:
+    """``$RLM_SANDBOX`` stands in for ``--sandbox`` when that is not given: checked here, before
+    the run is journaled, as the flag is (a bad value is the user's to fix, not a bug)."""
+    from kernels.bwrap import ENV_VAR, SandboxSpec
+    if o.get("sandbox") is None:
+        try:
+            SandboxSpec().requested()
+        except ValueError:
+            raise ConfigError(f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} must be "
+                              f"{_alternatives(SANDBOX_MODES)}: fix it, unset it, or pass "
+                              "--sandbox") from None
 
 
 #: keyword options whose value is text when given
