@@ -239,14 +239,12 @@ class Kernel:
         kc.start_channels()
         try:
             wait_for_ready(km, kc, self.start_timeout)
-        except RuntimeError:
+        except RuntimeError as exc:
             kc.stop_channels()
             stop_kernel(km, self.tag)
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting") from None
-            why = self._start_error()
-            raise RuntimeError(f"the Jupyter kernel did not start within {self.start_timeout:g} s"
-                               + (f": {why}" if why else ""))
+            raise RuntimeError(self._start_failure("died" in str(exc))) from None
         with self._lock:
             closed = self._closed
             if not closed:
@@ -258,6 +256,22 @@ class Kernel:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise RuntimeError("kernel was shut down while starting")
         return self
+
+    def _start_failure(self, died: bool) -> str:
+        """Why the kernel did not start, for the user: it exited, or it did not answer in time;
+        the supervisor's reason when it knows one; and, for a sandboxed kernel whose address
+        space was set below the default, that cap, the likeliest cause (a Python kernel maps
+        several hundred MiB as it starts; what it needs depends on the machine)."""
+        what = ("the Jupyter kernel exited while starting" if died else
+                f"the Jupyter kernel did not start within {self.start_timeout:g} s")
+        why = self._start_error()
+        if why:
+            what += f": {why}"
+        if self.sandbox_mode == "bwrap" and self.spec.memory_mb < SandboxSpec().memory_mb:
+            what += (f" (a sandboxed kernel gets {self.spec.memory_mb} MiB of address space, "
+                     f"--kernel-memory; if that is too small for it here, raise it: the "
+                     f"default is {SandboxSpec().memory_mb})")
+        return what
 
     def _start_error(self) -> str:
         try:

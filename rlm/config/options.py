@@ -387,7 +387,7 @@ OPTIONS: tuple[Option, ...] = (
            commands=_RUN_RESUME, stored=True,
            help="let sandboxed kernels reach the network (default: none at all)",
            doc="sandboxed kernels keep the network"),
-    Option("kernel_memory_mb", "--kernel-memory", int, 4096, min=64, max=1_048_576,
+    Option("kernel_memory_mb", "--kernel-memory", int, 4096, min=256, max=1_048_576,
            metavar="MB", group=SANDBOX, commands=_RUN_RESUME, stored=True,
            help="address space of a sandboxed kernel, MiB (default 4096)",
            doc="address space of a sandboxed kernel (MiB)"),
