@@ -280,11 +280,15 @@ def cmd_eval(args) -> int:
         return _report(Path(args.report), args.quiet, args.allow_mixed)
     if not args.out:
         raise ConfigError("rlm eval needs --out DIR (or --report DIR to rebuild a report)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ConfigError(f"--out {args.out} is a file: give a directory (it is created if "
+                          "missing)")
     from rlm.evaluation.sweep import Sweep
     grid = grid_from_args(args)
     if args.ray:
-        from rlm.evaluation.ray_runner import reachable
-        reachable(args.ray)  # before anything is written
+        from rlm.evaluation.ray_runner import import_ray, reachable
+        import_ray()  # Ray itself, then its cluster: both before anything is written
+        reachable(args.ray)
     budget = None
     if args.time_budget is not None:
         from rlm.evaluation.time_budget import parse_duration
@@ -313,8 +317,8 @@ def cmd_eval(args) -> int:
         print(f"{name}\t{path}")
     if s["run"] and s.get("endpoint_errors", 0) == s["run"]:
         print(f"rlm: error: every trial run now ({s['run']}) failed on the model endpoint; check "
-              "--base-url/--model/--api-key. Their records say EndpointError: delete those lines "
-              f"from {sweep.trials_path} to run them again (journaled calls are not re-sent)",
+              "--base-url/--model/--api-key. Their records say EndpointError; the same command "
+              "runs them again once the endpoint answers (journaled calls are not re-sent)",
               file=sys.stderr)
         return 3
     return 0

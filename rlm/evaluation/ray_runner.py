@@ -65,7 +65,12 @@ def ray_trial(spec: TrialSpec) -> dict:
     return run_trial(spec, runner=_worker_runner(spec))
 
 
-def _import_ray() -> Any:
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        ConfigError: Ray is not installed (the message gives the install command).
+    """
     try:
         import ray
     except ImportError:
@@ -108,7 +113,7 @@ def run_on_ray(specs: list[TrialSpec], address: str) -> Iterator[dict]:
         ConfigError: Ray is not installed or the cluster cannot be reached; a trial's setup
             error (the sweep stops, unfinished tasks are cancelled).
     """
-    ray = _import_ray()
+    ray = import_ray()
     reachable(address)
     env = _env_vars(specs)
     try:
