@@ -99,8 +99,7 @@ class Replay:
                 raise BudgetExceeded(refused.get("cap", "?"), refused.get("limit", 0),
                                      refused.get("used", 0), refused.get("requested", 0))
             if self.strict:
-                raise DivergenceError(f"replay: call {call_id} is not in the journal of run "
-                                      f"{self.run_id}; the run took a different path")
+                raise DivergenceError(self._not_recorded(f"call {call_id}"))
             return None
         stored = rec.get("request")
         stored_hash = request_hash(stored) if isinstance(stored, dict) else rec["request_hash"]
@@ -122,6 +121,22 @@ class Replay:
             f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
             f"Nothing was served from the journal for it. {advice}")
 
+
+    def _not_recorded(self, what: str, why: str = "") -> str:
+        """The message for a call a replay needs and the journal does not hold: a run that
+        ended before it was answered (a failed run: the endpoint down, say) stopped there, and
+        resuming is what finishes it; a completed run took another path this time."""
+        rec = self.journal.get_run(self.run_id) or {}
+        state = rec.get("state")
+        if state in REPLAYABLE_STATES and state not in RECORDED_STATES:  # failed: resumable
+            error = rec.get("error")
+            reason = error if isinstance(error, str) else (error or {}).get("reason", "")
+            return (f"replay: {what} is not in the journal of run {self.run_id}: the run ended "
+                    f"{state}" + (f" ({reason})" if reason else "") + " before it was answered, "
+                    f"so a replay cannot pass this point{why}; to finish the run, resume it: "
+                    f"`rlm resume {self.run_id}`")
+        return (f"replay: {what} is not in the journal of run {self.run_id}; the run took a "
+                f"different path{why}")
 
     def tool_call(self, call_id: str, req_hash: str) -> dict | None:
         """The recorded tool call to serve for ``call_id`` whose request hashes to ``req_hash``
@@ -151,9 +166,8 @@ class Replay:
                 raise BudgetExceeded(refused.get("cap", "?"), refused.get("limit", 0),
                                      refused.get("used", 0), refused.get("requested", 0))
             if self.strict:
-                raise DivergenceError(f"replay: tool call {call_id} is not in the journal of run "
-                                      f"{self.run_id}; the run took a different path (a replay "
-                                      "never calls a tool)")
+                raise DivergenceError(self._not_recorded(f"tool call {call_id}",
+                                                         " (a replay never calls a tool)"))
             return None
         if same:  # served already, to a sibling: the cell made this call more often than then
             raise DivergenceError(
