@@ -10,6 +10,8 @@ prompts, the model, the settings, the harness version), so running the same swee
 * skips trials already in ``OUT/trials.jsonl`` (one JSON line per finished trial) under the
   same run id, and runs again those whose identity changed since (a profile edit, another
   model file, another output cap): their new record supersedes the old one,
+* runs again those the model endpoint failed under (failure ``EndpointError``: nothing of the
+  method was measured),
 * resumes a trial killed mid-run from the journal (recorded model calls are served, not paid
   again), and
 * serves a trial that finished in the journal but never reached the JSONL (the process was
@@ -161,6 +163,13 @@ class ReportFailed(RLMError):
             "trial runs again")
 
 
+def _unmeasured(record: dict) -> bool:
+    """A recorded trial that measured nothing of its method: the model endpoint failed under it
+    (down, or failing past its retries). The next run of the sweep runs it again; every other
+    failure (out of turns, a cap, a kernel that kept dying) is a result and stays."""
+    return record.get("failure") == "EndpointError"
+
+
 class Sweep:
     """Runs a :class:`Grid` into an output directory, resumably.
 
@@ -310,8 +319,10 @@ class Sweep:
         Raises:
             ConfigError: such a mix, without ``allow_mixed``.
         """
-        todo = [s for s in self.specs if (latest.get(s.key()) or {}).get("run_id") != s.run_id()]
-        changed = [s for s in todo if s.key() in latest]
+        todo = [s for s in self.specs if (latest.get(s.key()) or {}).get("run_id") != s.run_id()
+                or _unmeasured(latest[s.key()])]
+        retried = [s for s in todo if s.key() in latest and _unmeasured(latest[s.key()])]
+        changed = [s for s in todo if s.key() in latest and s not in retried]
         self.stats["skipped"] = len(self.specs) - len(todo)
         self.stats["changed"] = len(changed)
         keys = {s.key() for s in self.specs}
@@ -323,6 +334,10 @@ class Sweep:
                 f"more than the grid's axes: {'; '.join(problems)}. Run that grid again too "
                 "(its trials then run under the current setup), pass --allow-mixed to report "
                 "them together, or pick another --out")
+        if retried:
+            print(f"[rlm] eval: {len(retried)} recorded trials failed on the model endpoint: "
+                  "running them again (their journaled calls are not sent again)",
+                  file=sys.stderr)
         if changed:
             what = sorted({p for s in changed
                            for p in changed_parts(latest[s.key()].get("identity"), s.parts)})

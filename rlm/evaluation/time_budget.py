@@ -115,9 +115,11 @@ class TimeBudget:
 
     def record(self, rec: dict) -> None:
         """Take a finished trial's wall time (``rec["wall_s"]``, s) into its cell's estimate.
-        Records without one (a trial that failed before it ran) teach nothing."""
+        Records without one (a trial that failed before it ran), and those cut short by the
+        budget or by the model endpoint failing, teach nothing."""
         wall = rec.get("wall_s")
-        if isinstance(wall, (int, float)) and wall >= 0 and rec.get("failure") != "cancelled":
+        if isinstance(wall, (int, float)) and wall >= 0 \
+                and rec.get("failure") not in ("cancelled", "EndpointError"):
             with self._lock:
                 self._times[cell_of(rec)].append(float(wall))
 

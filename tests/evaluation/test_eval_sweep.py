@@ -527,7 +527,32 @@ def test_a_sweep_whose_every_trial_failed_on_the_endpoint_exits_3(tmp_path):
     res = rlm_cli(args, env_with_factory())
     assert res.returncode == 3, res.stderr
     assert "every trial run now (2) failed on the model endpoint" in res.stderr
+    assert "the same command runs them again" in res.stderr
     assert [r["failure"] for r in read_jsonl(out / "trials.jsonl")] == ["EndpointError"] * 2
+
+
+def test_trials_the_endpoint_failed_under_run_again_once_it_answers(scripted, tmp_path):
+    from scripted_server import Reply
+    down = {"now": True}
+    srv = scripted(lambda req: Reply("refused", status=401) if down["now"] else responder(req))
+    out = tmp_path / "out"
+    args = ["eval", "--sample-factory", FACTORY, "--tasks", "easy", "--lengths", "1k",
+            "--methods", "base", "--n", "2", "--out", str(out), "--journal",
+            str(tmp_path / "j.sqlite3"), *endpoint_args(srv)]
+    res = rlm_cli([*args, "-q"], env_with_factory())
+    assert res.returncode == 3, res.stderr
+    assert [r["failure"] for r in read_jsonl(out / "trials.jsonl")] == ["EndpointError"] * 2
+    down["now"] = False  # the key works again: the two trials measured nothing, so they run
+    sent = srv.count
+    res = rlm_cli(args, env_with_factory())
+    assert res.returncode == 0, res.stderr
+    assert "2 recorded trials failed on the model endpoint: running them again" in res.stderr
+    assert srv.count == sent + 2
+    latest = {r["key"]: r for r in read_jsonl(out / "trials.jsonl")}
+    assert len(latest) == 2 and all(r["failure"] is None and r["correct"]
+                                    for r in latest.values()), latest
+    res = rlm_cli([*args, "-q"], env_with_factory())  # measured now: results, not run again
+    assert res.returncode == 0 and srv.count == sent + 2, res.stderr
 
 
 def test_ctrl_c_reports_the_finished_trials_and_the_rerun_completes(scripted, tmp_path):
