@@ -87,16 +87,30 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     v.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are two lines: the problem, and where the flags are
+    (``run`` has some sixty flags: its whole usage would bury the one line that matters).
+    ``subcommands``: the subcommands' parsers by name (the top-level parser's)."""
+
+    subcommands: dict | None = None
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists its flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rlm`` argument parser: every subcommand, with the option flags from the registry
     (:data:`rlm.config.options.OPTIONS`) and the view flags from :mod:`rlm.cli.views`."""
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rlm", formatter_class=fmt,
         description="Recursive language models on real Jupyter kernels: the context lives in a "
                     "kernel as `context`, the model writes code to read it and calls sub-models.",
         epilog=EXIT_CODES + "\n" + ENVIRONMENT)
+    from rlm.version import __version__
+    parser.add_argument("--version", action="version", version=f"rlm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.subcommands = sub.choices  # name -> its parser, filled as they are added
 
     r = sub.add_parser("run", help="answer a question about a long context", formatter_class=fmt,
                        epilog=EXIT_CODES + "\n" + ENVIRONMENT,
@@ -223,6 +237,10 @@ def _emit(res, args, summary: bool = True) -> int:
 def _cmd_run(args) -> int:
     from rlm.api import RLM
     from rlm.cli.views import run_hooks
+    from rlm.errors import ConfigError
+    if args.query is not None and not args.query.strip():  # a shell variable left unset, say
+        raise ConfigError("--query is empty: give the question, or leave --query out when the "
+                          "task is in the context")
     o = options_from_args(args, RUN)
     context = _context_arg(args.context)
     with run_hooks(args, o), RLM(**o) as r:
@@ -527,7 +545,9 @@ def entry() -> None:
 
 def _main(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, which names the command and its --help
+        ((parser.subcommands or {}).get(args.command) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.command:
         parser.print_help()
         return 2
@@ -561,6 +581,8 @@ def _main(argv: list[str]) -> int:
         print(f"rlm: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except OSError as exc:
+        if os.environ.get("RLM_DEBUG"):
+            raise
         where = getattr(exc, "filename", None)
         print(f"rlm: error: {exc.strerror or exc}" + (f" ({where})" if where else "") +
               "; check the path, free disk space and permissions", file=sys.stderr)
