@@ -249,7 +249,7 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
              for k, v in source.items()]
         for k, v in items:
             if isinstance(v, Path) and not v.is_file():
-                raise ContextError(f"context file not found: {sources.shown_path(v)} (key {k!r})")
+                raise sources.not_found(v, f" (key {k!r})")
         return _bundle(items, f"a mapping of {len(items)} keys", enc, max_bytes, scratch_dir, {},
                        None)
     if isinstance(source, Path) or (isinstance(source, str) and source == "-"):

@@ -138,14 +138,15 @@ def _existing_file(path: str) -> Path:
     Raises:
         ContextError: an empty path, a missing file, or a directory.
     """
-    from rlm.context.sources import shown_path
+    from rlm.context.sources import not_found
     if not path:
         raise ContextError("the context path is empty: give a file, a directory or '-' "
                            "for stdin")
     p = Path(path)
     if not p.exists():
-        raise ContextError(f"context file not found: {shown_path(path)}")
+        raise not_found(path)
     if p.is_dir():
+        from rlm.context.sources import shown_path
         raise ContextError(f"context path is a directory, not a file: {shown_path(path)}")
     return p
 

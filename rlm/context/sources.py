@@ -50,7 +50,8 @@ from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re
 from rlm.errors import ContextError
 
 from rlm.context.walk import (_CHUNK, _MAGIC, Bundle, DEFAULT_MAX_BYTES,  # noqa: F401
-                             _kind, collect, confining_user, not_the_users, shown_path)
+                             _kind, collect, confining_user, not_found, not_the_users,
+                             shown_path)
 
 
 def _human(n: float) -> str:
@@ -309,11 +310,11 @@ def _refuse_nothing_loaded(b: _Builder, origin: str, ignored: dict | None) -> No
                 + (" ..." if len(unread) > 5 else "")) if unread else ""
     if not skipped:
         extra = "; ".join(x for x in (not_read, _ignored_text(ignored or {})) if x)
-        raise ContextError(f"context {origin}: no files to read there" +
+        raise ContextError(f"the context ({origin}) has no files to read" +
                            (f" ({extra})" if extra else "") + "; give a directory with text files")
     shown = ", ".join(f"{k} ({r})" for k, _, r in skipped[:5])
-    raise ContextError(f"context {origin} has no text files: {len(skipped)} file(s) skipped "
-                       f"as not text: {shown}{' ...' if len(skipped) > 5 else ''}"
+    raise ContextError(f"the context ({origin}) has no text files: {len(skipped)} file(s) "
+                       f"skipped as not text: {shown}{' ...' if len(skipped) > 5 else ''}"
                        + (f"; {not_read}" if not_read else ""))
 
 

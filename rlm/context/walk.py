@@ -289,7 +289,7 @@ def collect(sources: list, include: list | None = None,
                 prefix.append(part)
             args.append(("glob", p, str(Path(*prefix))))
         else:
-            raise ContextError(f"context file not found: {shown_path(s)}")
+            raise not_found(s)
     if not args:
         raise ContextError("no context given")
     base = os.path.commonpath([a[2] for a in args])
@@ -363,6 +363,22 @@ def not_the_users(user) -> str:
     """Why a file ``user`` (:func:`confining_user`) may not read is not read."""
     return (f"not readable by {user.name} (uid {user.uid}), who started rlm through sudo: "
             "not read with root's rights")
+
+
+def not_found(path: str, where: str = "") -> ContextError:
+    """The error for a context path that does not lead to a file: missing, a symlink whose
+    target is missing, or a symlink loop (each says which); ``where``: text to add, such as
+    ``" (key 'a')"``."""
+    shown = shown_path(path)
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return ContextError(f"context path is a symlink loop: {shown}{where}")
+        return ContextError(f"context path is a symlink to a missing file: {shown} -> "
+                            f"{shown_path(os.readlink(path))}{where}")
+    return ContextError(f"context file not found: {shown}{where}")
 
 
 def shown_path(path: object) -> str:

@@ -212,7 +212,7 @@ def test_a_directory_of_nothing_but_links_out_names_them(cli, scripted, tmp_path
     d.mkdir()
     (d / "shadow.txt").symlink_to("/etc/shadow")
     res = cli("run", "--context", str(d), "--query", "q", *endpoint_args(srv))
-    assert_clean_error(res, 2, "no files to read there", "shadow.txt", OUTSIDE)
+    assert_clean_error(res, 2, "has no files to read", "shadow.txt", OUTSIDE)
     assert srv.count == 0
 
 

@@ -159,7 +159,7 @@ def test_empty_directory_exits_2(cli, scripted, tmp_path):
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / ".hidden").write_text("x")
     res = cli("run", "--context", str(tmp_path / "nothing"), "--query", "q", *endpoint_args(srv))
-    assert_clean_error(res, 2, "no files to read there", "1 hidden")
+    assert_clean_error(res, 2, "has no files to read", "1 hidden")
     assert srv.count == 0
 
 
