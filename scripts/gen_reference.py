@@ -127,7 +127,8 @@ def code(text: str) -> str:
 
 def _flag_cell(opt: Option) -> str:
     value = opt.metavar or ("|".join(map(str, opt.choices)) if opt.choices else opt.name.upper())
-    flags = [code(f"{opt.flag} {value}")] + [code(sw.flag) for sw in opt.switches]
+    head = opt.flag if opt.type is bool else f"{opt.flag} {value}"  # an on/off flag takes none
+    flags = [code(head)] + [code(sw.flag) for sw in opt.switches]
     return " / ".join(flags)
 
 
