@@ -121,7 +121,6 @@ class Replay:
             f"{self.run_id} (a non-deterministic cell, or a changed prompt or model). "
             f"Nothing was served from the journal for it. {advice}")
 
-
     def _not_recorded(self, what: str, why: str = "") -> str:
         """The message for a call a replay needs and the journal does not hold: a run that
         ended before it was answered (a failed run: the endpoint down, say) stopped there, and

@@ -547,7 +547,8 @@ def _main(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand's parser, which names the command and its --help
-        ((parser.subcommands or {}).get(args.command) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        said_by = (parser.subcommands or {}).get(args.command) or parser
+        said_by.error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.command:
         parser.print_help()
         return 2
