@@ -180,3 +180,25 @@ def test_wall_clock_cap_with_stuck_cell_and_slow_call_in_flight():
     assert elapsed < 3 + 2, elapsed
     sub = [s for s in res.tree.all() if s.kind == "llm_query"]
     assert sub and all(s.status in ("budget_exceeded", "failed", "cancelled") for s in sub)
+
+
+def test_a_call_settling_after_its_run_closed_the_journal_logs_no_traceback(tmp_path, caplog):
+    """Ctrl-C as a call is in flight: the run ends and closes its journal, then the abandoned
+    call releases its reservation. Its reservation is already in the ledger (what a resume
+    counts), so the late release is dropped quietly, not logged as a failure with a traceback
+    on the user's terminal."""
+    import logging
+    from types import SimpleNamespace
+
+    from harness.journal.journal import Journal
+    from rlm.core.run_tree import RunTree
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.close()
+    tree = SimpleNamespace(journal=journal, run_id="r")
+    with caplog.at_level(logging.DEBUG, logger="rlm"):
+        RunTree._ledger(tree, "run/iteration-0/model_call-0", "resv-1", "released",
+                        SimpleNamespace(model="m"), quiet=True)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "journal is closed" in caplog.text
+    with pytest.raises(Exception, match="closed"):  # not quiet: still raised
+        RunTree._ledger(tree, "c", "resv-2", "released", SimpleNamespace(model="m"))
