@@ -448,14 +448,14 @@ OPTIONS: tuple[Option, ...] = (
                             "under (characters)"),
     Option("prompt", "--prompt", str, "general", embedded_default="small",
            metavar="PROFILE", commands=(RUN,), stored=True, check=prompt_profile,
-           help="system prompt profile: 'small' (a worked lookup program small models copy; "
-                "default on the embedded model), 'small-count' (counting with code first, for "
-                "how-many and most-common questions on small models), 'general' (a way of "
+           help="system prompt profile: 'small' (two worked programs small models copy, a "
+                "lookup and a count with code; default on the embedded model), 'small-count' "
+                "(an earlier layout with counting first, kept for comparison), 'general' (a way of "
                 "working for capable hosted models; the default with an endpoint), or a "
                 "template file's path",
-           doc="system prompt profile: `small` (worked lookup example, for small models), "
-               "`small-count` (counting with `re`/`Counter` first, for exact questions on "
-               "small models), "
+           doc="system prompt profile: `small` (two worked programs for small models: a "
+               "lookup, and counting with `re`), `small-count` (an earlier layout with "
+               "counting first, kept for comparison), "
                "`general` (inspect, search, map with batched sub-calls, reduce in code, check), "
                "or a template file using the fields `{meta}`, `{sub_chars}`, `{max_output}`, "
                "`{rlm_line}`, `{kernel_line}`, `{tools_line}`, `{to_text}` (`{{`/`}}`: braces)",

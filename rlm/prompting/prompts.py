@@ -3,9 +3,11 @@
 The system prompt shows only metadata about the context (its type, size and
 item lengths), never the context itself.
 
-Small models (the embedded 0.5B) copy the worked example almost token for token
-and change little more than the question and the search words, so the example is
-a complete, correct program for the commonest task, a lookup in a long text:
+Small models (the embedded 0.5B) copy a worked example almost token for token
+and change little more than the question and the search words, so the ``small``
+profile carries two complete, correct programs and the model picks the one that
+fits the question: a count with ``re`` (how many times, most common), which code
+answers exactly, and, first, a lookup in a long text:
 
 1. pick the rare words of the question and count how often each occurs;
 2. score every match by the words found within 1,000 characters of it, each word
@@ -14,8 +16,9 @@ a complete, correct program for the commonest task, a lookup in a long text:
 3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best
    places, with the prompt "Text: ... Question: ... Answer with the answer only, or
    NONE if the text does not say";
-4. keep a reply only if it is not NONE and occurs in its window (small sub-models
-   invent plausible answers for windows without the fact);
+4. keep a reply only if it is not NONE and every word of it occurs in its window
+   (small sub-models invent plausible answers for windows without the fact; a right
+   answer worded otherwise, or a list, still passes);
 5. call ``FINAL`` from code, with "NOT FOUND" when no window gave a kept reply, so a
    fruitless search ends in one turn instead of being repeated until the iteration
    cap (the 0.5B repeats the same cell turn after turn).
@@ -24,8 +27,8 @@ Sizes are inline literals, never variables the model might replace. Words match 
 a word start with up to two more letters (plurals), so "Dan" does not match "danger".
 A list or dict context is joined into one string first (the ``to_text`` line).
 
-That prompt is the ``small`` profile; ``small-count`` (:data:`SYSTEM_SMALL_COUNT`) teaches
-counting with code first, for exact questions. The ``general`` profile
+That prompt is the ``small`` profile; ``small-count`` (:data:`SYSTEM_SMALL_COUNT`), an
+earlier layout with counting first, is kept for comparison. The ``general`` profile
 (:data:`SYSTEM_GENERAL`) is for capable hosted models: it describes the tools and a way of working (look at ``context``, search
 it with code, split it and map a question over the pieces with batched sub-calls, combine the
 pieces' answers in code, hand big sub-problems to ``rlm(...)``, check before ``FINAL``) instead
@@ -39,12 +42,10 @@ from __future__ import annotations
 import json
 import string
 
-SYSTEM = """You answer questions about a long text that you cannot see directly. \
+_SMALL_HEAD = """You answer questions about a long text that you cannot see directly. \
 The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). \
 The REPL keeps its variables between your turns. You work by writing Python code; \
 I run it and show you what it prints.
-
-About `context`: {meta}
 
 Functions you can call in your code:
 - `llm_query(prompt)` asks another language model and returns its answer as a string. \
@@ -55,16 +56,29 @@ together with the question, never the whole `context`.
 the value of the variable `name` as the final answer.
 - `print(...)` shows you results. Long output is cut to {max_output} characters, so print short pieces.
 {kernel_line}
-Rules:
+"""
+
+#: The rules of the ``small`` profile: which worked program fits which question. The lookup
+#: comes first and the counting program second: the 0.5B copies the first program that looks
+#: like the question, and with counting first it wrote short code of its own for lookups
+#: (docs/benchmarking-depth.md). The map over items is a sentence, not a third program: as a
+#: program it was spliced into the lookup.
+_SMALL_RULES = r"""Rules:
 1. Put code in a block that starts with ```repl and ends with ```. I run every such block.
 2. Never print all of `context`, and never assign to `context`.
-3. Find the relevant part with Python first: search for the rare words of the question \
-(names, places, things), then ask about a small window around the best match.
-4. When you know the answer, call FINAL(answer) inside a ```repl block. \
-Writing FINAL in plain text does nothing.
+3. Use the example below that fits the question, changed to the question you were asked:
+   - one fact (a name, a number, a date, a code): search for the rare words of the question with Python, then ask about a small window around the best match (Example 1).
+   - "how many times", "how often", "most common", "list all": count with Python: `re`, `collections.Counter`, `str.count` (Example 2). Python counts exactly; another model does not. When every item must be read to decide (which items are about X), ask `llm_query_batched` about groups of items and count their replies in Python.
+4. When you know the answer, call FINAL(answer) inside a ```repl block. Writing FINAL in plain text does nothing.
 
-Example. Question: "What colour is the door of the old lighthouse?"
-```repl
+Example 1. Question: "What colour is the door of the old lighthouse?"
+"""
+
+#: The lookup program (Example 1), from ```repl to the closing ```: shared with
+#: :data:`SYSTEM_SMALL_COUNT`. A reply is kept when every word of it occurs in its window, so
+#: a right answer the sub-model words differently from the text ("The number is 12.") or a
+#: list ("3, 7, 9") is kept, and an invented one (a word the window lacks) is not.
+_LOOKUP = """```repl
 import re
 question = "What colour is the door of the old lighthouse?"
 words = ["lighthouse", "door", "colour"]
@@ -91,21 +105,37 @@ for score, pos in places:
     reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
     reply = reply.strip().strip(".")
     print(pos, repr(reply))
-    if reply and "NONE" not in reply.upper() and reply.lower() in window.lower():
+    if reply and "NONE" not in reply.upper() and set(re.findall(r"\\w+", reply.lower())) <= set(re.findall(r"\\w+", window.lower())):
         answer = reply
         break
 if answer is None:
     answer = "NOT FOUND"
 FINAL(answer)
 ```
-In your code, use the question you were asked and its own rare words in `words`, not the words of this example."""
+"""
 
-#: The lookup program of :data:`SYSTEM` (its worked example, from ```repl to the closing ```),
-#: and its opening without the metadata line (up to the functions' list): shared with
-#: :data:`SYSTEM_SMALL_COUNT`.
-_LOOKUP = SYSTEM[SYSTEM.index("```repl\nimport re\nquestion"):
-                 SYSTEM.index("FINAL(answer)\n```") + len("FINAL(answer)\n```\n")]
-_SMALL_HEAD = SYSTEM[:SYSTEM.index("Rules:\n")].replace("About `context`: {meta}\n\n", "", 1)
+#: The counting program (Example 2), the hint for most-common questions, and the context's
+#: metadata last, so everything before it is a fixed prefix llama.cpp's prompt cache reuses.
+_SMALL_COUNT_EXAMPLE = r"""
+Example 2. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case."
+```repl
+import re
+{to_text}
+count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
+print(count)
+FINAL(count)
+```
+"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
+
+In your code, use the question you were asked and its own words, not the words of these examples.
+
+About `context`: {meta}
+"""
+
+#: The ``small`` profile: the lookup (Example 1) and counting with code (Example 2); the model
+#: picks one by the question. Measured on the embedded 0.5B at 36k tokens, depth 1, n = 5
+#: (docs/benchmarking-depth.md): word counts 5 of 5 and lookups 5 of 5.
+SYSTEM = _SMALL_HEAD + _SMALL_RULES + _LOOKUP + _SMALL_COUNT_EXAMPLE
 
 #: The ``small`` profile's name for :data:`SYSTEM`.
 SYSTEM_SMALL = SYSTEM
@@ -212,9 +242,10 @@ def _small_count(head: str, lookup: str, with_map: bool) -> str:
 #: reduced in code (B), and the lookup of :data:`SYSTEM` (C); the context's metadata comes last,
 #: so the fixed part is a prefix llama.cpp's prompt cache reuses across runs. Measured on the
 #: embedded 0.5B at 36k tokens, depth 1, n = 5 (docs/benchmarking-depth.md): word counts 5 of 5
-#: (``small``: 0 of 5), lookups 0 of 5 (``small``: 5 of 5); ``fwe``, ``cwe`` and ``aggregation``
-#: 0 of 5 with either. The 0.5B copies one program and does not choose well between three, so
-#: this is a profile to pick, not the default.
+#: (the earlier ``small``, the lookup alone: 0 of 5), lookups 0 of 5 (it: 5 of 5). The 0.5B
+#: copies the first program that looks like the question and does not choose well between
+#: three, so this layout lost to :data:`SYSTEM` (lookup first, counting second, no third
+#: program). Kept to reproduce that comparison.
 SYSTEM_SMALL_COUNT = _small_count(_SMALL_HEAD, _LOOKUP, with_map=True)
 
 # Loops without sub-calls (max_depth=0, rlm eval's depth 0 "Python only") refuse llm_query,
@@ -256,11 +287,13 @@ _SMALL_HEAD_NO_SUBCALLS = _swap(_SMALL_HEAD, "- `llm_query(prompt)` asks", "list
                                 NO_SUBCALLS_LINE)
 
 #: :data:`SYSTEM` for a loop without sub-calls: the lookup prints its best windows for the
-#: model to read instead of asking ``llm_query`` about them.
-SYSTEM_NO_SUBCALLS = _swap(_swap(
+#: model to read instead of asking ``llm_query`` about them; counting is unchanged (it needs no
+#: sub-call), and the map over items, which does, is left out.
+SYSTEM_NO_SUBCALLS = _swap(_swap(_swap(
     SYSTEM, "- `llm_query(prompt)` asks", "list of answers.\n", NO_SUBCALLS_LINE),
-    "then ask about a small window around the best match.", None,
-    "then print small windows around the best matches and read them.").replace(
+    "then ask about a small window around the best match", None,
+    "then print small windows around the best matches and read them"),
+    " When every item must be read to decide", "count their replies in Python.", "").replace(
     _LOOKUP, _LOOKUP_NO_SUBCALLS, 1)
 
 #: :data:`SYSTEM_SMALL_COUNT` for a loop without sub-calls: counting (A) and the printing
