@@ -116,16 +116,19 @@ FINAL(answer)
 
 #: The counting program (Example 2), the hint for most-common questions, and the context's
 #: metadata last, so everything before it is a fixed prefix llama.cpp's prompt cache reuses.
+#: The program imports ``Counter`` though the count does not use it: with the import only in
+#: the hint's prose, the 0.5B wrote the hint's line without it and resent the NameError.
 _SMALL_COUNT_EXAMPLE = r"""
 Example 2. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case."
 ```repl
 import re
+from collections import Counter
 {to_text}
 count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
 print(count)
 FINAL(count)
 ```
-"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
+"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words", the same program ends with `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
 
 In your code, use the question you were asked and its own words, not the words of these examples.
 
