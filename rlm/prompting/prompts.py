@@ -116,8 +116,10 @@ FINAL(answer)
 
 #: The counting program (Example 2), the hint for most-common questions, and the context's
 #: metadata last, so everything before it is a fixed prefix llama.cpp's prompt cache reuses.
-#: The program imports ``Counter`` though the count does not use it: with the import only in
-#: the hint's prose, the 0.5B wrote the hint's line without it and resent the NameError.
+#: The program imports ``Counter`` though the count does not use it: the 0.5B writes the hint's
+#: FINAL line in place of the program's and leaves out the import the hint names (then resends
+#: the NameError); and the hint keeps its wording: "the same program ends with `FINAL(...)`"
+#: made the model FINAL the count instead (cwe and fwe at 36k).
 _SMALL_COUNT_EXAMPLE = r"""
 Example 2. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case."
 ```repl
@@ -128,7 +130,7 @@ count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.I
 print(count)
 FINAL(count)
 ```
-"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words", the same program ends with `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
+"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
 
 In your code, use the question you were asked and its own words, not the words of these examples.
 

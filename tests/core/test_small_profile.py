@@ -78,11 +78,11 @@ def test_the_counting_program_counts_whole_words_exactly(api, ignore_case, expec
 
 def test_the_most_common_hint_runs_in_the_counting_program(api):
     """The hint's FINAL line in place of the counting program's, as the model writes it for
-    "most common" questions: it runs (the program imports Counter; with the import only in the
-    hint's prose the 0.5B left it out and sent the NameError again every turn)."""
+    "most common" questions, without the import the hint names: it runs (the program imports
+    Counter; with the import only in the hint the 0.5B left it out and resent the NameError)."""
     from rlm.prompting import prompts
     text = prompts.system_prompt(META, can_recurse=True, profile="small")
-    final = text.split('For "the 3 most common words", the same program ends with `', 1)[1]
+    final = text.split('For "the 3 most common words": ', 1)[1].split("and `", 1)[1]
     final = final.split("`.", 1)[0]
     code = _program("Example 2. Question").replace("FINAL(count)", final)
     context = "Apple pear apple, plum. PEAR apple fig pear plum apple " + "kiwi " * 3
