@@ -139,7 +139,8 @@ About `context`: {meta}
 
 #: The ``small`` profile: the lookup (Example 1) and counting with code (Example 2); the model
 #: picks one by the question. Measured on the embedded 0.5B at 36k tokens, depth 1, n = 5
-#: (docs/benchmarking-depth.md): word counts 5 of 5 and lookups 5 of 5.
+#: (docs/benchmarking-depth.md): word counts 5 of 5, ``cwe`` 5 of 5, ``fwe`` 4 of 5,
+#: ``niah_single_2`` 4 of 5 (the lookup alone: 0, 0, 0 and 5 of 5).
 SYSTEM = _SMALL_HEAD + _SMALL_RULES + _LOOKUP + _SMALL_COUNT_EXAMPLE
 
 #: The ``small`` profile's name for :data:`SYSTEM`.
