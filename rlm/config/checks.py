@@ -89,8 +89,8 @@ def prompt_profile(v: Any) -> str | None:
     if v in PROFILES or Path(str(v)).expanduser().is_file():
         return None
     what = "a directory" if Path(str(v)).expanduser().is_dir() else "no such file"
-    return (f"must be {', '.join(PROFILES)} or a template file's path; "
-            f"{str(v)!r} is neither ({what})")
+    return (f"must be one of {', '.join(PROFILES)}, or a template file's path; "
+            f"{str(v)!r} is none of these ({what})")
 
 
 def patterns(v: Any) -> str | None:

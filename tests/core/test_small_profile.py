@@ -58,18 +58,23 @@ def test_the_lookup_keeps_a_reply_only_when_its_window_has_every_word(api, sub_r
     assert len(sub_requests(srv)) == 1  # one place: both codes lie in one window
 
 
-@pytest.mark.parametrize("ignore_case,expected", [(True, "5"), (False, "3")])
+@pytest.mark.parametrize("target,ignore_case,expected", [
+    ("vault", True, "7"), ("vault", False, "4"), ("open vault", True, "2"),
+    ("open vault", False, "1")])
 @pytest.mark.parametrize("depth", [0, 1])
-def test_the_counting_program_counts_whole_words_exactly(api, ignore_case, expected, depth):
-    """Counted as the question states it: whole words ('vaults', 'vaulted' do not count),
-    with or without case; the same program at depth 0, where it needs no sub-call."""
-    code = _program("Example 2. Question", depth).replace('"harbour"', '"vault"')
-    if not ignore_case:  # "exactly as written": the prompt says to leave out re.IGNORECASE
-        code = code.replace(", re.IGNORECASE", "")
+def test_the_counting_program_counts_whole_words_exactly(api, target, ignore_case, expected,
+                                                         depth):
+    """Counted as the question states it: whole words ('vaults', 'vaulted' do not count), a
+    phrase as a word, with or without case (the one flag a copying model flips); the same
+    program at depth 0, where it needs no sub-call."""
+    code = _program("Example 2. Question", depth).replace('"harbour"', f'"{target}"')
+    assert "ignore_case = True" in code
+    if not ignore_case:  # "case-sensitive": the comment on the flag says to set it False
+        code = code.replace("ignore_case = True", "ignore_case = False")
     context = ("A vault. The vault, the Vault! vaults and vaulted rooms; VAULT and vault. "
-               + FILLER)
+               "open vault, Open Vault, open vaulted. " + FILLER)
     res, srv = api(script([repl(*code.splitlines())]), context,
-                   'How many times does the word "vault" appear?', prompt="small",
+                   f'How many times does "{target}" appear?', prompt="small",
                    max_depth=depth)
     assert res.status == "completed", res.reason
     assert res.answer == expected
