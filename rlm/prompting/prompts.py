@@ -126,14 +126,11 @@ Example 2. Question: "How many times does the word "harbour" appear in the text?
 import re
 from collections import Counter
 {to_text}
-word = "harbour"
-ignore_case = True  # False when the question says "case-sensitive" or "exactly as written"
-flags = re.IGNORECASE if ignore_case else 0
-count = len(re.findall(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text, flags))
+count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
 print(count)
 FINAL(count)
 ```
-A phrase ("open source") is counted the same way, with the phrase in `word`. FINAL the number, not the matches. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
+"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
 
 In your code, use the question you were asked and its own words, not the words of these examples.
 

@@ -65,12 +65,11 @@ def test_the_lookup_keeps_a_reply_only_when_its_window_has_every_word(api, sub_r
 def test_the_counting_program_counts_whole_words_exactly(api, target, ignore_case, expected,
                                                          depth):
     """Counted as the question states it: whole words ('vaults', 'vaulted' do not count), a
-    phrase as a word, with or without case (the one flag a copying model flips); the same
-    program at depth 0, where it needs no sub-call."""
+    phrase as a word, with or without case; the same program at depth 0, where it needs no
+    sub-call."""
     code = _program("Example 2. Question", depth).replace('"harbour"', f'"{target}"')
-    assert "ignore_case = True" in code
-    if not ignore_case:  # "case-sensitive": the comment on the flag says to set it False
-        code = code.replace("ignore_case = True", "ignore_case = False")
+    if not ignore_case:  # "exactly as written": the prompt says to leave out re.IGNORECASE
+        code = code.replace(", re.IGNORECASE", "")
     context = ("A vault. The vault, the Vault! vaults and vaulted rooms; VAULT and vault. "
                "open vault, Open Vault, open vaulted. " + FILLER)
     res, srv = api(script([repl(*code.splitlines())]), context,
