@@ -288,3 +288,13 @@ def replay_target(record: dict) -> None:
     if record["state"] not in REPLAYABLE_STATES:
         raise RunActiveError(f"run {record['run_id']} is {record['state']}; only a finished run "
                              "can be replayed (resume it with `rlm resume`)")
+
+
+def same_answer(record: dict, answer: str | None) -> bool:
+    """Whether a replay's ``answer`` (str | None) is the one ``record`` (a journal run record)
+    holds. A budget-stopped run recorded before budget stops kept no partial but executed
+    ``FINAL`` stored the model's last reply as its answer; replaying it now gives None, which
+    is the same run, not a divergence."""
+    if answer == record.get("answer"):
+        return True
+    return answer is None and record.get("state") == "budget_exceeded"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from harness.replay import RECORDED_STATES, Replay, begin_resume, check_same_run, replay_target
+from harness.replay import (RECORDED_STATES, Replay, begin_resume, check_same_run, replay_target,
+                            same_answer)
 
 from rlm.context.load import load_context
 from rlm.errors import DivergenceError
@@ -224,7 +225,7 @@ def replay(run_id: str, *, journal: Any = None, context: Any = None, encoding: s
     finally:
         if j is not journal:  # opened here: closed here (a Journal object given stays open)
             j.close()
-    if res.answer != rec.get("answer"):
+    if not same_answer(rec, res.answer):
         raise DivergenceError(f"replay of run {run_id} reached a different answer: "
                               f"{res.answer!r} instead of {rec.get('answer')!r}")
     return res

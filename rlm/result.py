@@ -16,8 +16,9 @@ class Result:
     """What a run produced.
 
     Attributes:
-        answer: the answer set by executed ``FINAL``/``FINAL_VAR`` (str), or on a
-            budget stop the best partial answer that exists (str | None).
+        answer: the answer set by executed ``FINAL``/``FINAL_VAR`` (str), else None. A run
+            a cap stopped has one only if its code set it before the stop (a ``FINAL`` in
+            the cell the wall cap interrupted); the model's last reply is never an answer.
         status: ``completed``, ``failed``, ``budget_exceeded`` or ``cancelled``.
         run_id: the run's id (str); the journal key for resume/replay.
         iterations: root loop turns taken (int).

@@ -36,8 +36,8 @@ Errors, on every route and method, in the protocol's shape ``{"error": {"message
 "param", "code"}}``: 400 bad input (``invalid_request_error``), 401 missing or wrong key, 404
 unknown model or route, 405 a method the route does not take, 409 an idempotency key reused for
 another question or a run still active elsewhere, 413 a body over the limit, 429 every run slot
-busy (with ``Retry-After``), 402 a cost/token/call cap stopped the run (``code`` names the cap; the
-partial answer is in ``error.partial_answer``), 504 the wall-clock cap, 502 the model endpoint
+busy (with ``Retry-After``), 402 a cost/token/call cap stopped the run (``code`` names the cap;
+``error.partial_answer`` is what executed code set with FINAL before the stop, usually null), 504 the wall-clock cap, 502 the model endpoint
 failed, 500 the run ended without an answer. Every one says ``x-should-retry: false`` but 429
 and the 409 of a run still active (``true``), so the openai SDKs do not retry a run that ran.
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from harness.errors import BudgetExceeded
-from harness.replay import RECORDED_STATES, Replay, begin_resume
+from harness.replay import RECORDED_STATES, Replay, begin_resume, same_answer
 
 from rlm.api import RLM
 from rlm.config.build import context_options, replay_options, resume_options
@@ -386,7 +386,7 @@ class Session:
                 res = Result.from_record(rec)
             finally:
                 held.cells = held.cut = None
-            if res.answer != rec.get("answer"):
+            if not same_answer(rec, res.answer):
                 raise DivergenceError(f"replay of question {held.question} (run "
                                       f"{rec['run_id']}) reached {res.answer!r} instead of "
                                       f"{rec.get('answer')!r}")

@@ -78,7 +78,9 @@ class RLMLoop:
         self.current_cell: str | None = None
         self.restarts = 0
         self.iterations = 0
-        self.last_reply: str | None = None
+        # what executed code set with FINAL (and the answer check let through) while the run
+        # was stopping: the only partial answer a loop has (never the model's unexecuted reply)
+        self.final_set: str | None = None
         self._kernel_future: Task | None = None
         self._closed = False
         # a session's question (rlm.core.session_kernel): the root borrows the session's
@@ -87,8 +89,10 @@ class RLMLoop:
         run.loops.append(self)
 
     def partial_answer(self) -> str | None:
-        """The best partial answer after a budget stop: the model's last reply (or None)."""
-        return self.last_reply
+        """The answer after a budget stop: what executed code set (``FINAL``/``FINAL_VAR``)
+        before the cap ended the loop, else None. The model's last reply is never an answer:
+        its code did not run, or ran without setting one."""
+        return self.final_set
 
     # the loop ------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -151,7 +155,6 @@ class RLMLoop:
             parsed = parse_reply(comp.text, cut=comp.cut)
             run.accountant.check_wall()  # host-side work counts against the wall cap too
             reply = parsed.text
-            self.last_reply = reply
             messages.append({"role": "assistant", "content": reply})
             blocks = parsed.code_blocks(cut=comp.cut)
             cut_note = (prompts.cut_reply(run.opts.max_completion_tokens,
@@ -226,6 +229,8 @@ class RLMLoop:
             feedback.append(prompts.cell_feedback(j, len(blocks), out, res.error, res.timed_out,
                                                   res.died, opts.cell_timeout)
                             + interrupt_note(cell_scope))
+            if res.final is not None:  # kept if the run stops before it returns (wall cap)
+                self.final_set = res.final
             if run.fatal is not None:
                 raise run.fatal
             run.check_scope(self.scope)  # the run's wall cap, or the parent cell's interrupt

@@ -85,7 +85,7 @@ def test_64_concurrent_subcalls_never_exceed_the_cap(tmp_path, cap):
         assert res.usage["cost_usd"] <= kw["max_cost_usd"] + 1e-12
 
 
-def test_refused_root_call_ends_the_run_with_partial_answer():
+def test_refused_root_call_ends_the_run_without_an_answer():
     def responder(req):
         return "```repl\nprint(len(context))\n```"  # never calls FINAL
     with ScriptedServer(responder) as srv:
@@ -94,7 +94,7 @@ def test_refused_root_call_ends_the_run_with_partial_answer():
         assert srv.count == 2
     assert res.status == "budget_exceeded"
     assert res.cap == "calls"
-    assert res.answer == "```repl\nprint(len(context))\n```"  # the last reply, the best partial
+    assert res.answer is None  # the last reply's code ran without FINAL: no answer
 
 
 def test_cli_exit_code_names_the_cap(tmp_path):

@@ -196,6 +196,10 @@ def test_a_run_that_did_not_answer_is_not_retried_into_more_runs(served, outcome
     assert exc.value.response.headers.get("x-should-retry") == "false"
     run_id = next(iter(runs))
     assert served.state(run_id) in ("failed", "budget_exceeded")
+    # no executed FINAL: no answer, in the response and the journal (never the last reply)
+    assert served.journal.get_run(run_id)["answer"] is None
+    if status == 402:
+        assert exc.value.body["partial_answer"] is None, exc.value.body
     calls = served.call_ids_since(mark)
     assert len(calls) == len(set(calls))
     assert time.monotonic() - t0 < 20  # no retry backoff on top
