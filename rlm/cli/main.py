@@ -226,8 +226,7 @@ def _emit(res, args, summary: bool = True) -> int:
     if res.status == "budget_exceeded":
         print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
         if res.answer and not args.json:
-            print(f"rlm: partial answer (set by FINAL before the cap): {res.answer[:500]}",
-                  file=sys.stderr)
+            print(f"rlm: partial answer (set by FINAL): {res.answer[:500]}", file=sys.stderr)
         return 5
     if res.status == "cancelled":
         return 130
