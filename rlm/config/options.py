@@ -108,6 +108,7 @@ class Options:
     verify: Callable[[Any], Any] | None = None
     tools: tuple = ()  # the user's host tools (rlm.tools.Tool), one call's limit [s]:
     tool_timeout: float = 30.0
+    max_tool_bytes: int = 1 << 20  # [bytes] of one tool call's arguments, and of its result
 
 
 
@@ -419,6 +420,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("tool_timeout", "--tool-timeout", float, 30.0, min=0, min_exclusive=True,
            max=86_400, metavar="S", commands=(RUN,), stored=True, help="seconds one tool call "
            "may take (default 30)", doc="seconds one tool call may take, then `ToolError`"),
+    Option("max_tool_bytes", "--max-tool-bytes", int, 1 << 20, min=1, max=1 << 30, metavar="N",
+           commands=(RUN,), stored=True, help="bytes (as JSON) one tool call's arguments, and "
+           "its result, may take (default 1048576)", doc="bytes (as JSON) one tool call's "
+           "arguments, and its result, may take; past it the cell gets `ToolError` and the "
+           "journal keeps only the sizes"),
     # -- which run, where it is recorded -----------------------------------------------------
     Option("run_id", "--run-id", metavar="ID", commands=(RUN,), empty_is_unset=True,
            check=run_id,
@@ -506,7 +512,7 @@ SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "e
                  "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
                  "max_children_per_call", "max_concurrency", "price_file", "sandbox",
                  "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb",
-                 "tools", "max_tool_calls", "tool_timeout")
+                 "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes")
 OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,)) if o.name in SERVE_OPTIONS else o
                 for o in OPTIONS)
 OPTIONS = tuple(replace(o, commands=o.commands + (CHAT,), switches=tuple(

@@ -13,6 +13,13 @@ text, the result or error, seconds). In order:
    ``tool_timeout`` seconds (and at the cell's interrupt), then its outcome, durable before the
    kernel sees it.
 
+Before any of that a call must fit what the tool declares (:func:`checked_request`): ``args``
+a list, ``kwargs`` an object, bound to the tool's signature (no name it does not declare, and no
+name starting with ``_`` unless the tool was made with ``private_args=True``), and its
+arguments at most ``max_tool_bytes`` bytes as JSON; a call that does not fit is refused with
+``ToolError``, the tool not called and nothing journaled. A result over ``max_tool_bytes``
+is a failed call whose journal row keeps only its size.
+
 A tool that raises, times out or returns a value JSON cannot hold is a failed stage, and the
 cell gets ``ToolError`` with ``Type: message``. A batch (``tools.map``) makes its stages in input
 order first (so ids follow program order), then runs them on the run's scheduler (at most
@@ -20,6 +27,7 @@ order first (so ids follow program order), then runs them on the run's scheduler
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 import weakref
@@ -32,11 +40,11 @@ from harness.journal.errors import JournalError
 from harness.stages.tree import Kind, Stage
 from kernels.bridge import BridgeError
 from kernels.protocol import ErrorKind, Op, item_error, item_ok
-from kernels.tool_stubs import json_problem, plain_json
+from kernels.tool_stubs import json_problem, plain_json, stub_signature
 
 from rlm.tools.spec import Tool
 
-__all__ = ["ToolHost", "host_for", "ToolFailed", "call_text"]
+__all__ = ["ToolHost", "host_for", "ToolFailed", "call_text", "checked_request", "json_size"]
 
 _HOSTS: "weakref.WeakKeyDictionary[Any, ToolHost]" = weakref.WeakKeyDictionary()
 _HOSTS_LOCK = threading.Lock()
@@ -68,6 +76,62 @@ def _cut(value: Any) -> Any:
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + f"... [{len(text):,} characters]"
 
 
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` (a JSON value) as compact UTF-8 JSON."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8", "surrogatepass"))
+
+
+def checked_request(tool: Tool, raw: Any, max_bytes: int) -> dict:
+    """One call's ``{"args": list, "kwargs": dict}`` as the kernel sent it (``raw``: a dict
+    with ``args`` and ``kwargs``), checked against what ``tool`` declares.
+
+    Args:
+        tool: the :class:`~rlm.tools.spec.Tool` called. max_bytes: the cap on the arguments'
+            size as JSON (bytes; option ``max_tool_bytes``).
+    Returns:
+        the request, unchanged (a copy of its list and dict).
+    Raises:
+        ToolFailed: ``args`` is not a list or ``kwargs`` not an object (a dict given as
+            ``args`` is not taken as its keys), a keyword starts with ``_`` (unless the tool
+            has ``private_args``), the arguments do not bind to the tool's signature (a name
+            it does not declare, too many or missing ones), a value is not JSON, or the
+            arguments are over ``max_bytes``.
+    """
+    raw = raw if isinstance(raw, dict) else {}
+    args, kwargs = raw.get("args", []), raw.get("kwargs", {})
+    name = tool.name
+    if args is None:
+        args = []
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(args, list):
+        raise ToolFailed(f"TypeError: {name}(): `args` must be a list of positional "
+                         f"arguments, got {type(args).__name__}; nothing was called")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ToolFailed(f"TypeError: {name}(): `kwargs` must be an object of named arguments, "
+                         f"got {type(kwargs).__name__}; nothing was called")
+    private = sorted(k for k in kwargs if k.startswith("_"))
+    if private and not tool.private_args:
+        raise ToolFailed(f"TypeError: {name}() takes no argument named {private[0]!r}: names "
+                         "starting with '_' are not passed to tools; nothing was called")
+    sig = stub_signature({"params": tool.params, "returns": None})
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ToolFailed(f"TypeError: {name}(): {exc}; nothing was called") from None
+    problem = json_problem(args, "`args`") or json_problem(kwargs, "`kwargs`")
+    if problem:
+        raise ToolFailed(f"TypeError: {name}(): {problem}, not a JSON value; nothing was called")
+    size = json_size([args, kwargs])
+    if size > max_bytes:
+        raise ToolFailed(f"ValueError: {name}(): its arguments take {size:,} bytes as JSON, over "
+                         f"the {max_bytes:,}-byte cap (max_tool_bytes); pass less (a path or a "
+                         "key the tool can look up), or raise the cap; nothing was called")
+    return {"args": list(args), "kwargs": dict(kwargs)}
+
+
 class ToolHost:
     """Serves the tool calls of one run. Thread-safe (batched items run concurrently).
 
@@ -81,6 +145,7 @@ class ToolHost:
         self.run = run
         self.tools: dict[str, Tool] = {t.name: t for t in getattr(run.opts, "tools", ()) or ()}
         self.timeout = float(getattr(run.opts, "tool_timeout", 30.0) or 30.0)
+        self.max_bytes = int(getattr(run.opts, "max_tool_bytes", 0) or 1 << 20)
         if run.recorded is not None and run.journal is not None:
             run.accountant.carry_over_tool_calls(run.journal.tool_call_attempts(run.run_id))
 
@@ -103,9 +168,9 @@ class ToolHost:
         """
         tool = self._tool(args.get("tool"), level)
         if op == Op.TOOL:
-            req = {"args": list(args.get("args") or []), "kwargs": dict(args.get("kwargs") or {})}
-            stage = self._stage(parent, level, tool, req)
             try:
+                req = checked_request(tool, args, self.max_bytes)
+                stage = self._stage(parent, level, tool, req)
                 return self.serve(stage, tool, req, scope)
             except ToolFailed as exc:
                 raise BridgeError(ErrorKind.TOOL_ERROR, str(exc)) from None
@@ -113,8 +178,12 @@ class ToolHost:
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise BridgeError(ErrorKind.SUBCALL_ERROR, "tools.map: `items` must be a list of "
                               "calls")
-        reqs = [{"args": list(i.get("args") or []), "kwargs": dict(i.get("kwargs") or {})}
-                for i in items]
+        reqs = []
+        for k, item in enumerate(items):  # the whole batch is refused before any call
+            try:
+                reqs.append(checked_request(tool, item, self.max_bytes))
+            except ToolFailed as exc:
+                raise BridgeError(ErrorKind.TOOL_ERROR, f"tools.map item {k}: {exc}") from None
         stages = [self._stage(parent, level, tool, r) for r in reqs]  # ids in input order
         fns = [lambda s=s, r=r: self.serve(s, tool, r, scope) for s, r in zip(stages, reqs)]
         return [self._item(task, scope, wire) for task in runner(fns, stages, scope)]
@@ -234,6 +303,12 @@ class ToolHost:
         if problem:
             return "failed", None, (f"TypeError: tool {tool.name!r} returned a value that cannot "
                                     f"cross to the kernel as JSON: {problem}; return JSON values"
+                                    ), secs
+        size = json_size(box.get("value"))
+        if size > self.max_bytes:  # the journal keeps the size, not the value
+            return "failed", None, (f"ValueError: tool {tool.name!r} returned {size:,} bytes as "
+                                    f"JSON, over the {self.max_bytes:,}-byte cap "
+                                    "(max_tool_bytes); have it return less, or raise the cap"
                                     ), secs
         return "done", plain_json(box.get("value")), None, secs
 

@@ -87,6 +87,8 @@ class Tool:
             call it again when an earlier attempt died during the call (default False).
         levels: the loop levels (0 = root) whose kernels have it; None: every level.
         spec: the ``"module:qualname"`` it was given as, or None (see :meth:`import_spec`).
+        private_args: the kernel may pass it keywords starting with ``_`` (default False:
+            such names are refused, as are names its signature does not declare).
     Calling a ``Tool`` calls its function (a decorated function still works on the host).
     """
 
@@ -98,11 +100,12 @@ class Tool:
     idempotent: bool = False
     levels: tuple[int, ...] | None = None
     spec: str | None = None
+    private_args: bool = False
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any], *, name: str | None = None,
                       idempotent: bool = False, levels: Iterable[int] | None = None,
-                      spec: str | None = None) -> "Tool":
+                      spec: str | None = None, private_args: bool = False) -> "Tool":
         """A :class:`Tool` of ``fn`` (its name, docstring and signature read from it).
 
         Raises:
@@ -113,7 +116,8 @@ class Tool:
         params, returns = _signature_parts(fn)
         return cls(name=_check_name(name or getattr(fn, "__name__", "")), fn=fn,
                    doc=inspect.getdoc(fn) or "", params=params, returns=returns,
-                   idempotent=bool(idempotent), levels=_check_levels(levels), spec=spec)
+                   idempotent=bool(idempotent), levels=_check_levels(levels), spec=spec,
+                   private_args=bool(private_args))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn is None:
@@ -159,15 +163,17 @@ class Tool:
 
     def record(self) -> dict:
         """The journal's record of this tool (JSON-able): ``name``, ``spec`` (see
-        :meth:`import_spec`), ``doc``, ``params``, ``returns``, ``idempotent``, ``levels``."""
+        :meth:`import_spec`), ``doc``, ``params``, ``returns``, ``idempotent``, ``levels``,
+        ``private_args``."""
         return {"name": self.name, "spec": self.import_spec(), "doc": self.doc,
                 "params": self.params, "returns": self.returns, "idempotent": self.idempotent,
-                "levels": list(self.levels) if self.levels is not None else None}
+                "levels": list(self.levels) if self.levels is not None else None,
+                "private_args": self.private_args}
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
          idempotent: bool = False, read_only: bool = False,
-         levels: Iterable[int] | None = None) -> Any:
+         levels: Iterable[int] | None = None, private_args: bool = False) -> Any:
     """Mark a host function as a tool: ``@rlm.tool``, ``@rlm.tool(idempotent=True)`` or
     ``rlm.tool(fn, name="lookup")``. Returns a :class:`Tool` (still callable on the host).
 
@@ -177,12 +183,13 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
             the resume stops and names the call instead).
         read_only: it changes nothing; implies ``idempotent``.
         levels: the loop levels that have it (0 = root; default: every level).
+        private_args: let the kernel pass keywords starting with ``_`` (default False).
     Raises:
         ConfigError: a name that is not an identifier or is reserved; bad levels.
     """
     def make(f: Callable[..., Any]) -> Tool:
         return Tool.from_function(f, name=name, idempotent=idempotent or read_only,
-                                  levels=levels)
+                                  levels=levels, private_args=private_args)
     return make if fn is None else make(fn)
 
 
@@ -258,7 +265,8 @@ def _from_record(rec: Mapping[str, Any]) -> Tool:
     if got.name != rec["name"]:
         got = dataclasses.replace(got, name=_check_name(rec["name"]))
     return dataclasses.replace(got, idempotent=bool(rec.get("idempotent", got.idempotent)),
-                               levels=_check_levels(rec.get("levels")))
+                               levels=_check_levels(rec.get("levels")),
+                               private_args=bool(rec.get("private_args", got.private_args)))
 
 
 def as_tools(items: Any) -> tuple[Tool, ...]:
@@ -296,5 +304,6 @@ def replay_tools(records: Iterable[Mapping[str, Any]] | None) -> tuple[Tool, ...
     from the journal and imports nothing)."""
     return tuple(Tool(name=r["name"], fn=None, doc=r.get("doc") or "", params=r.get("params"),
                       returns=r.get("returns"), idempotent=bool(r.get("idempotent")),
-                      levels=_check_levels(r.get("levels")), spec=r.get("spec"))
+                      levels=_check_levels(r.get("levels")), spec=r.get("spec"),
+                      private_args=bool(r.get("private_args")))
                  for r in records or ())

@@ -55,3 +55,27 @@ def fetch_page(url: str) -> str:
     if _count(f"fetch_page {url}") == 0:
         time.sleep(60)
     return f"page of {url}"
+
+
+def greet(name: str, punct: str = "!") -> str:
+    """Greet one person by name."""
+    _count(f"greet {name}")
+    return f"hello {name}{punct}"
+
+
+def echo_kw(**fields) -> dict:
+    """Give back the named fields it was passed."""
+    _count("echo_kw")
+    return fields
+
+
+@rlm.tool(private_args=True)
+def tagged(text: str, _tag: str = "none") -> str:
+    """Tag a text (its `_tag` keyword may be passed)."""
+    return f"{_tag}:{text}"
+
+
+def sized(n: int) -> str:
+    """A text of ``n`` characters."""
+    _count(f"sized {n}")
+    return "x" * n
