@@ -31,7 +31,7 @@ def read_bundle(manifest: str) -> dict:
 
     Raises:
         OSError: a file cannot be read. ContextChanged: a file changed since it was loaded.
-        ValueError: a slice is not UTF-8 or not JSON.
+        ValueError: a slice is not UTF-8 or not JSON, or a key is there twice.
     """
     with open(manifest, "rb") as f:
         entries = json.loads(f.read())["entries"]
@@ -50,6 +50,8 @@ def read_bundle(manifest: str) -> dict:
             if len(data) != length:
                 raise ContextChanged(f"context file {src} changed since it was loaded "
                                    f"({len(data)} of {length} bytes at offset {offset})")
+            if key in out:  # the host writes each key once: never let one replace another
+                raise ValueError(f"the context's manifest has the key {key!r} twice")
             out[key] = json.loads(data) if kind == "json" else data.decode("utf-8")
             del data
     finally:

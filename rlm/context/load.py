@@ -243,10 +243,11 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
         return _bundle(walk.files, origin, enc, max_bytes, scratch_dir, walk.ignored, {
             "sources": [os.path.abspath(os.path.expanduser(str(x))) for x in paths],
             "include": include or None, "exclude": exclude or None, "max_bytes": max_bytes},
-            unread=walk.unread)
+            unread=walk.unread, renamed=walk.renamed)
     if isinstance(source, dict) and any(isinstance(v, os.PathLike) for v in source.values()):
-        items = [(clean_text(str(k)), Path(v) if isinstance(v, os.PathLike) else v)
-             for k, v in source.items()]
+        items = [(sources.key_text(str(k)), Path(v) if isinstance(v, os.PathLike) else v)
+                 for k, v in source.items()]
+        sources.check_unique([k for k, _ in items])
         for k, v in items:
             if isinstance(v, Path) and not v.is_file():
                 raise sources.not_found(v, f" (key {k!r})")
@@ -291,10 +292,11 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
 
 
 def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored: dict,
-            spec: dict | None, unread: list | None = None) -> LoadedContext:
+            spec: dict | None, unread: list | None = None,
+            renamed: dict | None = None) -> LoadedContext:
     from rlm.context import sources
     b = sources.build(items, origin=origin, encoding=enc, max_bytes=max_bytes,
-                      scratch_dir=scratch_dir, ignored=ignored, unread=unread)
+                      scratch_dir=scratch_dir, ignored=ignored, unread=unread, renamed=renamed)
     ctx = LoadedContext(None, "bundle", b.manifest, True, origin, enc, b.sha256, meta=b.meta,
                         extra_files=[b.blob] if b.blob else [], spec=spec)
     return ctx

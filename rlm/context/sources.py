@@ -50,8 +50,23 @@ from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re
 from rlm.errors import ContextError
 
 from rlm.context.walk import (_CHUNK, _MAGIC, Bundle, DEFAULT_MAX_BYTES,  # noqa: F401
-                             _kind, collect, confining_user, not_found, not_the_users,
-                             shown_path)
+                             _kind, collect, confining_user, key_text, not_found,
+                             not_the_users, shown_path)
+
+
+def check_unique(keys: list) -> None:
+    """Refuse a many-file context two of whose keys are the same text (str keys).
+
+    Raises:
+        ContextError: naming the key; a value would otherwise replace another's silently.
+    """
+    seen: set = set()
+    for k in keys:
+        if k in seen:
+            raise ContextError(f"two entries of the context have the key {k!r} (names that "
+                               "differ only in bytes that are not UTF-8 are keyed with \\xHH "
+                               "escapes, see docs/contexts.md); give them distinct keys")
+        seen.add(k)
 
 
 def _human(n: float) -> str:
@@ -143,7 +158,8 @@ def _hash_pool():
 
 def build(items: list, *, origin: str, encoding: str | None = None,
           max_bytes: int | None = None, scratch_dir: str | None = None,
-          ignored: dict | None = None, unread: list | None = None) -> Bundle:
+          ignored: dict | None = None, unread: list | None = None,
+          renamed: dict | None = None) -> Bundle:
     """Load ``items`` (``(key, Path)`` to read, or ``(key, value)`` given) into a bundle.
 
     ``ignored`` (why -> [count, examples]) and ``unread`` (``(key, reason)``: paths met and
@@ -171,6 +187,11 @@ def build(items: list, *, origin: str, encoding: str | None = None,
         raise named from None
     if not b.entries:
         _refuse_nothing_loaded(b, origin, ignored)
+    check_unique([e[0] for e in b.entries])
+    for new, old in (renamed or {}).items():  # (collect: two files whose keys agreed)
+        if new in b.info:
+            b.notes.setdefault(new, []).append(f"the file's key would be {old!r}, which "
+                                               "another file has")
     manifest = _write_manifest(b, scratch_dir)
     meta = describe_files(b.info, origin=origin, skipped=b.skipped, ignored=ignored or {},
                           notes=b.notes, unread=sorted(b.unread))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.text import clean_text
+from harness.text import clean_text, has_surrogates
 
 from rlm.errors import ContextError
 
@@ -48,6 +48,7 @@ class _Walk:
     ignored: dict = field(default_factory=dict)        # why -> [count, examples]
     unread: list = field(default_factory=list)         # (key, reason): met, not read
     roots: list = field(default_factory=list)          # real paths of what the user named
+    renamed: dict = field(default_factory=dict)        # key given -> the key it would have had
 
     def ignore(self, why: str, what: str) -> None:
         n = self.ignored.setdefault(why, [0, []])
@@ -112,9 +113,30 @@ def _spec(patterns: Iterable[str]):
     return pathspec.GitIgnoreSpec.from_lines([p for p in patterns if p and p.strip()])
 
 
+def key_text(rel: str) -> str:
+    """The key of a relative path (str, as ``os.fsdecode`` gives it: a byte that is not UTF-8
+    is a surrogate U+DC80..U+DCFF): each such byte written as ``\\xHH`` (lower-case hex), the
+    rest as is. ``caf\\xe9.txt`` (Latin-1 bytes) and ``caf\ufffd.txt`` (a real U+FFFD) stay two
+    keys, and neither holds a surrogate (the text policy of :mod:`harness.text`)."""
+    if not has_surrogates(rel):
+        return rel
+    return clean_text("".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c
+                              for c in rel))
+
+
 def _rel(path: str, base: str) -> str:
-    # a file name that is not UTF-8 (surrogate-escaped bytes) is shown with U+FFFD: harness.text
-    return clean_text(os.path.relpath(path, base).replace(os.sep, "/"))
+    return key_text(os.path.relpath(path, base).replace(os.sep, "/"))
+
+
+def _free_key(key: str, taken: set) -> str:
+    """``key`` with ``~N`` before its extension (N = 2, 3, ...), the first one not ``taken``."""
+    head, dot, ext = key.rpartition(".")
+    if not dot or "/" in ext or not head or head.endswith("/"):
+        head, dot, ext = key, "", ""
+    n = 2
+    while f"{head}~{n}{dot}{ext}" in taken:
+        n += 1
+    return f"{head}~{n}{dot}{ext}"
 
 
 def _hidden_or_skipped_dir(name: str, full: str) -> str | None:
@@ -319,19 +341,7 @@ def collect(sources: list, include: list | None = None,
                     _walk_dir(m, base, w, filters)
                 else:
                     _add(w, m, base, filters)
-    seen: dict[str, str] = {}
-    files, prev = [], None
-    for key, full in sorted(w.files):
-        if key == prev:  # the same entry met twice (a glob's "**" and a walk of its match)
-            continue
-        prev = key
-        real = os.path.realpath(full)
-        if real not in seen:
-            seen[real] = key
-            files.append((key, Path(full)))
-        else:  # (an inside symlink to a file that is a key already, or the other way round)
-            w.ignore("the same file as another key", f"{key} (= {seen[real]})")
-    w.files = files
+    w.files = _unique(w)
     w.unread = sorted(set(w.unread))  # (a glob may meet a symlinked directory twice)
     if len(args) == 1 and args[0][0] == "dir":
         origin = f"the directory {base}"
@@ -340,6 +350,37 @@ def collect(sources: list, include: list | None = None,
     else:
         origin = f"{len(args)} paths under {base}"
     return w, base, origin
+
+
+def _unique(w: _Walk) -> list:
+    """The walk's files as ``(key, Path)`` in key order, each file once and each key once.
+
+    The same entry met twice (a glob's ``**`` and a walk of its match) is kept once; two paths
+    to one real file (a symlink inside the roots) are one key, the other listed as ignored;
+    two files whose keys agree (a name spelling ``\\xe9`` literally beside one with that
+    byte) both stay: the later one, in the order of their names' bytes, gets ``~2`` before its
+    extension (:func:`_free_key`), kept in ``w.renamed`` for the listing to name."""
+    seen: dict[str, str] = {}
+    files, prev = [], None
+    taken = {key for key, _ in w.files}
+    used: set = set()
+    for key, full in sorted(w.files, key=lambda kf: (kf[0], os.fsencode(kf[1]))):
+        if (key, os.path.normpath(full)) == prev:
+            continue
+        prev = (key, os.path.normpath(full))
+        real = os.path.realpath(full)
+        if real in seen:  # (an inside symlink to a file that is a key already, or the other way round)
+            w.ignore("the same file as another key", f"{key} (= {seen[real]})")
+            continue
+        if key in used:
+            new = _free_key(key, taken)
+            taken.add(new)
+            w.renamed[new] = key
+            key = new
+        used.add(key)
+        seen[real] = key
+        files.append((key, Path(full)))
+    return sorted(files)
 
 
 def confining_user():

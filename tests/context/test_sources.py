@@ -267,7 +267,8 @@ def test_surrogates_in_many_file_contexts_become_replacement_characters(tmp_path
     ctx = load_context(tmp_path / "d")
     assert _value(ctx) == {"ok.txt": "fine\n", "r.jsonl": [{"x": "half \ufffd an emoji"}]}
     ctx = load_context({"k\udc80": "v\ud83d", "f": tmp_path / "d" / "ok.txt"})
-    assert _value(ctx) == {"k\ufffd": "v\ufffd", "f": "fine\n"}
+    # a key's escaped byte (as os.fsdecode gives a name's) is written \x80: see docs/contexts.md
+    assert _value(ctx) == {"k\\x80": "v\ufffd", "f": "fine\n"}
     one = load_context(tmp_path / "d" / "r.jsonl")
     assert _value(one) == [{"x": "half \ufffd an emoji"}]
 
