@@ -1,5 +1,6 @@
-"""MkDocs hooks (mkdocs.yml ``hooks:``): README.md is the docs site's front page, and the API
-reference shows the docstrings' Sphinx roles as plain code.
+"""MkDocs hooks (mkdocs.yml ``hooks:``): README.md is the docs site's front page, the API
+reference shows the docstrings' Sphinx roles as plain code, and ``--strict`` counts warnings
+under ``-q`` too.
 
 The README lives at the repository root, where GitHub shows it, and links into ``docs/`` with
 paths such as ``docs/depth.md``. The site is built from ``docs/``, so the hook adds the README
@@ -9,6 +10,7 @@ as a broken link on the site would.
 """
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -18,6 +20,18 @@ from mkdocs.structure.files import File, Files
 _INTO_DOCS = re.compile(r"(\]\(|src=\")docs/")
 #: a Sphinx role as Markdown renders it (``:class:<code>~rlm.result.Result</code>``)
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|data|mod|attr|exc|obj|envvar):<code>(~?)([^<]*)</code>")
+
+
+def on_startup(command: str, dirty: bool) -> None:
+    """Keep ``mkdocs build --strict -q`` strict. ``-q`` raises the ``mkdocs`` logger to
+    ERROR, so a warning (a broken link, a page outside the nav) was never made, never counted,
+    and the build passed. The logger is put back to WARNING and its console handlers keep the
+    quiet level instead: warnings are counted (and fail a strict build) but not printed."""
+    log = logging.getLogger("mkdocs")
+    if log.level > logging.WARNING:
+        for handler in log.handlers:
+            handler.setLevel(max(handler.level, log.level))
+        log.setLevel(logging.WARNING)
 
 
 def front_page(readme: str) -> str:

