@@ -22,6 +22,7 @@ from rlm.context.load import load_context
 from rlm.errors import DivergenceError
 from rlm.config.endpoint import external_endpoint
 from rlm.config.options import DEFAULT_EMBEDDED_MODEL, Options, check_names
+from rlm.config.reference import from_reference, root_prompt
 from rlm.config.validate import validate_options
 from rlm.config.records import (find_run, open_journal, recorded_chance, spec_options,
                                 stored_context, stored_source)
@@ -56,6 +57,7 @@ class RLM:
     """
 
     def __init__(self, **options: Any) -> None:
+        options = from_reference(options)  # the reference's names: aliases, or what to use
         check_names(options)
         self.options = options
         self._server = None
@@ -110,7 +112,8 @@ class RLM:
             RunActiveError: ``run_id`` names a run that is still running elsewhere.
             ConfigError: bad options.
         """
-        return self._run(context, query, overrides, plain=False)
+        query = root_prompt(query, overrides)  # (the reference's name for the question)
+        return self._run(context, query, from_reference(overrides), plain=False)
 
     def plain_completion(self, prompt: str, **overrides: Any) -> Result:
         """One plain completion of ``prompt`` (str, sent as the user message; no kernel, no
@@ -310,5 +313,6 @@ def completion(context: Any, query: str | None = None, **options: Any) -> Result
     Same options as :class:`RLM`. An embedded model server started for this
     call is stopped before it returns. See :meth:`RLM.completion` for errors.
     """
+    query = root_prompt(query, options)
     with RLM(**options) as r:
         return r.completion(context, query)
