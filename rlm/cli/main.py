@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="serve RLM runs as an OpenAI-compatible chat-completions "
                         "endpoint (needs the serve extra)", formatter_class=fmt)
-    from rlm.serve import add_arguments as add_serve_arguments
+    from rlm.serve.server import add_arguments as add_serve_arguments
     add_serve_arguments(sv)
 
     vf = sub.add_parser("verify", help="check runs against their journal: hash chain, legal "
@@ -365,7 +365,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from rlm.serve import main as serve_main
+    from rlm.serve.server import main as serve_main
     return serve_main(args)
 
 

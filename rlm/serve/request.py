@@ -13,7 +13,7 @@ from typing import Any, Callable
 from rlm.config.options import OPTION_NAMES, OPTIONS
 from rlm.config.validate import validate_options
 from rlm.errors import ConfigError
-from rlm.serve_errors import APIError
+from rlm.serve.errors import APIError
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "REMOTE_OPTIONS", "ChatRequest", "cap_answer",
            "parse_request", "read_body", "request_options", "run_id_of"]
@@ -247,7 +247,7 @@ class ChatRequest:
     answer_cap: int | None = None
     #: the request field each run option came from (``max_depth`` or ``rlm.max_depth``)
     fields: dict = field(default_factory=dict)
-    #: ``rlm.session``: the session this request is the next question of (rlm.serve_sessions)
+    #: ``rlm.session``: the session this request is the next question of (rlm.serve.sessions)
     session: str | None = None
 
 
@@ -263,7 +263,7 @@ def _text(content: Any, where: str) -> str:
 
 
 def _messages(body: dict) -> tuple[Any, str]:
-    """(context, query) of the body's ``messages`` (see :mod:`rlm.serve`)."""
+    """(context, query) of the body's ``messages`` (see :mod:`rlm.serve.server`)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise APIError(400, "'messages' must be a non-empty list of message objects",

@@ -3,7 +3,7 @@
 Any OpenAI client (openai-python, LangChain, LlamaIndex, curl) can then use an RLM as a model.
 Starlette on uvicorn, installed with ``pip install 'rlm-kernels[serve]'``.
 
-``POST /v1/chat/completions``, the mapping (:mod:`rlm.serve_request`):
+``POST /v1/chat/completions``, the mapping (:mod:`rlm.serve.request`):
 
 * the last ``user`` message is the query; the contents of every earlier ``system``/``developer``/
   ``user`` message, in order, form ``context`` (one string, or a list of strings when there are
@@ -20,7 +20,7 @@ Starlette on uvicorn, installed with ``pip install 'rlm-kernels[serve]'``.
 * ``Idempotency-Key`` header -> the run id: a retried request returns the recorded result (or
   resumes a crashed or cancelled run), never a second bill. Without one, an SDK's retry of a
   request (same client key and body, ``x-stainless-retry-count`` >= 1) is served by the run its
-  first attempt started, in this server process (:class:`rlm.serve_runs.Attempts`).
+  first attempt started, in this server process (:class:`rlm.serve.runs.Attempts`).
 * ``response_format``: ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` becomes the
   run's ``answer_schema`` (``json_object``: any JSON object); the answer is checked JSON text.
 * the response: ``id`` = the run id, ``usage`` = the whole tree's tokens over every attempt of
@@ -67,11 +67,11 @@ from typing import Any
 from rlm.aio import AsyncRLM, safe_listener
 from rlm.errors import ConfigError, install_hint
 from rlm.config.options import SERVE
-from rlm.serve_errors import APIError, Redactor, _causes, _check_result, _error_of, _public
-from rlm.serve_request import (DEFAULT_MAX_BODY_BYTES, REMOTE_OPTIONS, ChatRequest, cap_answer,
+from rlm.serve.errors import APIError, Redactor, _causes, _check_result, _error_of, _public
+from rlm.serve.request import (DEFAULT_MAX_BODY_BYTES, REMOTE_OPTIONS, ChatRequest, cap_answer,
                                parse_request, read_body, read_json, request_options, run_id_of)
-from rlm.serve_runs import Attempts, LiveRuns, retry_count, run_info, until_disconnect, usage_of
-from rlm.serve_sessions import DEFAULT_IDLE_SECONDS, ServeSessions
+from rlm.serve.runs import Attempts, LiveRuns, retry_count, run_info, until_disconnect, usage_of
+from rlm.serve.sessions import DEFAULT_IDLE_SECONDS, ServeSessions
 
 __all__ = ["REMOTE_OPTIONS", "create_app", "is_loopback", "request_options", "run"]
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from rlm.aio import CancelToken, await_cancellable
-from rlm.serve_errors import APIError
+from rlm.serve.errors import APIError
 
 log = logging.getLogger("rlm")
 

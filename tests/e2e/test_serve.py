@@ -224,7 +224,7 @@ def test_429_when_every_run_slot_is_busy(served, tmp_path):
 # --------------------------------------------------------------------------- the mapping alone
 
 def test_request_mapping():
-    from rlm.serve import APIError, request_options
+    from rlm.serve.server import APIError, request_options
     ctx, q, o = request_options({"model": "rlm", "messages": [
         {"role": "system", "content": "doc A"}, {"role": "user", "content": "doc B"},
         {"role": "assistant", "content": "ignored"},
@@ -249,7 +249,7 @@ def test_request_mapping():
 
 def test_run_outcomes_map_to_status_codes():
     from rlm.result import Result
-    from rlm.serve import APIError, _check_result
+    from rlm.serve.server import APIError, _check_result
     for status, cap, code in [("budget_exceeded", "wall", 504), ("budget_exceeded", "cost", 402),
                               ("failed", None, 500)]:
         with pytest.raises(APIError) as e:

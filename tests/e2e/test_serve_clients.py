@@ -496,7 +496,7 @@ def test_every_method_and_route_answers_errors_in_the_openai_shape(served, metho
 def test_a_retry_without_a_journal_is_refused_rather_than_run_twice():
     from starlette.testclient import TestClient
 
-    from rlm.serve import create_app
+    from rlm.serve.server import create_app
     with ScriptedServer(lambda req: repl("FINAL('ok')")) as srv:
         app = create_app({"base_url": srv.base_url, "api_key": API_KEY, "model": MODEL,
                           "journal": False})
@@ -521,7 +521,7 @@ def test_a_journal_that_fails_under_a_run_is_a_retryable_503_not_an_internal_err
     ``journal_unavailable`` (the run resumes from the journal once it is back) with
     ``x-should-retry: true``; another journal error is a 500 naming the journal."""
     from harness.journal.errors import JournalError, JournalUnavailableError
-    from rlm.serve_errors import _error_of
+    from rlm.serve.errors import _error_of
     err = _error_of(JournalUnavailableError("cannot record the reply: journal j.sqlite3 is "
                                             "locked; resume once it is back"))
     assert err.status == 503

@@ -195,7 +195,7 @@ def test_a_recorded_endpoint_failure_is_not_relayed_either():
     # a retried request may find its run recorded as failed: the recorded reason is the
     # upstream's text
     from rlm.result import Result
-    from rlm.serve import APIError, _check_result
+    from rlm.serve.server import APIError, _check_result
     reason = ("model endpoint http://10.0.0.7:8000/v1 answered HTTP 401 after 1 attempt(s): "
               "Error code: 401 - Incorrect API key provided: sk-secret-123; check --api-key")
     with pytest.raises(APIError) as e:
@@ -208,7 +208,7 @@ def test_a_recorded_endpoint_failure_is_not_relayed_either():
 
 def test_upstream_errors_of_either_provider_give_their_type_and_code_only():
     from rlm.errors import EndpointError
-    from rlm.serve import _error_of
+    from rlm.serve.server import _error_of
 
     class SDKError(Exception):  # what openai/anthropic raise: status_code and the decoded body
         def __init__(self, status, body):

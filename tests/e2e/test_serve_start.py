@@ -35,7 +35,7 @@ def test_what_every_request_would_fail_on_is_refused_at_start(case, tmp_path):
 def test_a_server_without_a_journal_refuses_an_idempotency_key(tmp_path):
     from starlette.testclient import TestClient
 
-    from rlm.serve import create_app
+    from rlm.serve.server import create_app
     with ScriptedServer(lambda req: repl("FINAL('ok')")) as srv:
         app = create_app({"base_url": srv.base_url, "api_key": API_KEY, "model": MODEL,
                           "journal": False})
