@@ -64,3 +64,15 @@ def test_a_fault_fails_the_strict_build(tmp_path, fault, flags):
     p = _build(_site(tmp_path, pages), *flags)
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "in strict mode" in p.stdout + p.stderr, (p.stdout, p.stderr)
+
+
+def test_the_docs_extra_installs_what_the_site_needs():
+    import tomllib
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    conf = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    names = {d.split("[")[0].split(">")[0].split("=")[0].strip() for d in extras["docs"]}
+    need = {"mkdocs-" + conf["theme"]["name"]} | {
+        p if isinstance(p, str) else next(iter(p)) for p in conf["plugins"]} - {"search"}
+    assert need <= names, (need, names)  # (search comes with mkdocs itself)
+    assert set(extras["docs"]) <= set(extras["dev"])  # the tests build the docs too
