@@ -512,9 +512,23 @@ SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "e
                  "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
                  "max_children_per_call", "max_concurrency", "price_file", "sandbox",
                  "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb",
-                 "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes")
-OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,)) if o.name in SERVE_OPTIONS else o
-                for o in OPTIONS)
+                 "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes", "context_window",
+                 "compact_at", "kernel_seed", "pool_size", "prompt")
+#: The options of ``rlm run`` that ``rlm serve`` does not take, and why (tests/config checks
+#: that every other run option is a serve option).
+NOT_SERVED = {
+    "api_key": "serve's --api-key is its clients' key; the endpoint's is --upstream-api-key",
+    "answer_schema": "a request's response_format gives its run's schema",
+    "run_id": "a request's Idempotency-Key names its run",
+    "encoding": "contexts come in the request body, as text or JSON",
+    "include": "contexts come in the request body, not from directories",
+    "exclude": "contexts come in the request body, not from directories",
+    "max_context_bytes": "a request's size is capped by --max-body-bytes",
+}
+OPTIONS = tuple(replace(o, commands=o.commands + (SERVE,), switches=tuple(
+                    replace(w, commands=w.commands + (SERVE,))
+                    if RUN in w.commands and SERVE not in w.commands else w for w in o.switches))
+                if o.name in SERVE_OPTIONS else o for o in OPTIONS)
 OPTIONS = tuple(replace(o, commands=o.commands + (CHAT,), switches=tuple(
                     replace(w, commands=w.commands + (CHAT,)) if RUN in w.commands else w
                     for w in o.switches))

@@ -82,6 +82,7 @@ def served(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlm", "serve", "--port", str(port), "--api-key", KEY,
          "--max-concurrent-runs", "3", "--max-body-bytes", str(LIMIT), "--max-attempts", "1",
+         "--kernel-seed", "7",
          "--base-url", srv.base_url, "--upstream-api-key", API_KEY, "--model", MODEL,
          "--journal", str(tmp / "j.sqlite3")],
         env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp)
@@ -203,6 +204,22 @@ def test_a_run_that_did_not_answer_is_not_retried_into_more_runs(served, outcome
     calls = served.call_ids_since(mark)
     assert len(calls) == len(set(calls))
     assert time.monotonic() - t0 < 20  # no retry backoff on top
+
+
+def test_the_run_options_serve_shares_with_run_reach_its_runs(served):
+    # --kernel-seed (one of the run options serve lacked): the served run's kernel draws what
+    # a run with kernel_seed=7 draws, and the journal records the seed with the run
+    served.up.responder = lambda req: repl("import random", "FINAL(repr(random.random()))")
+    reply = ask(served.client())
+    served_answer = reply.choices[0].message.content
+    import rlm
+    direct = rlm.completion("ctx", "q", base_url=served.srv.base_url, api_key=API_KEY,
+                            model=MODEL, kernel_seed=7, journal=False)
+    assert served_answer == direct.answer, (served_answer, direct.answer)
+    other = rlm.completion("ctx", "q", base_url=served.srv.base_url, api_key=API_KEY,
+                           model=MODEL, kernel_seed=8, journal=False)
+    assert other.answer != served_answer
+    assert served.journal.get_run(reply.id)["options"]["kernel_seed"] == 7
 
 
 def test_a_conflicting_idempotency_key_is_refused_once(served):
