@@ -26,7 +26,7 @@ from harness.replay import RECORDED_STATES, Replay, begin_resume, same_answer
 from rlm.api import RLM
 from rlm.config.build import context_options, replay_options, resume_options
 from rlm.config.options import check_names
-from rlm.config.reference import from_reference
+from rlm.config.reference import from_reference, root_prompt
 from rlm.config.validate import validate_options
 from rlm.config.records import (open_journal, recorded_chance, spec_options, stored_context)
 from rlm.context.load import LoadedContext, load_context
@@ -164,7 +164,8 @@ class Session:
 
     def _start(self, session_id: str | None, options: dict, journal: Any,
                runner: RLM | None = None) -> None:
-        options = from_reference(options)
+        # a session is what the reference's persistent=True asks for
+        options = from_reference({k: v for k, v in options.items() if k != "persistent"})
         check_names(options)
         o = normalize_options(dict(options))
         validate_options(o)
@@ -203,6 +204,7 @@ class Session:
             :func:`rlm.completion` (the session stays usable after a failed question).
         """
         self._check_open()
+        query = root_prompt(query, overrides)  # (the reference's name for the question)
         if query is not None and not isinstance(query, str):
             raise ConfigError(f"query must be a str or None, got {type(query).__name__}")
         overrides = from_reference(overrides)

@@ -81,3 +81,11 @@ def test_root_prompt_is_the_query(scripted):
     with rlm.RLM(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=False) as r:
         assert r.completion("ctx", root_prompt="AGAIN?").answer == "ok"
     assert "AGAIN?" in json.dumps(srv.requests[-1]["messages"])
+
+
+def test_a_session_is_what_persistent_asks_for(scripted):
+    srv = scripted(lambda req: repl("FINAL('ok')"))
+    with rlm.Session("ctx", persistent=True, verbose=False, base_url=srv.base_url,
+                     api_key=API_KEY, model=MODEL, journal=False) as s:
+        assert s.ask("q1").answer == "ok"
+        assert s.ask("q2", root_prompt=None, compaction=True).answer == "ok"
