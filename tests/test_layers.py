@@ -31,7 +31,7 @@ TOP = ("rlm", "kernels", "harness")
 #: (``"rlm"`` itself is the package's ``__init__``, the public face). Entries in one tuple
 #: share a layer.
 LAYERS = (
-    ("rlm.__main__",), ("rlm.cli",), ("rlm.serve",), ("rlm.serve_request", "rlm.serve_runs", "rlm.serve_sessions"),
+    ("rlm.__main__",), ("rlm.cli",), ("rlm.training",), ("rlm.serve",), ("rlm.serve_request", "rlm.serve_runs", "rlm.serve_sessions"),
     ("rlm.serve_errors",), ("rlm.evaluation",),
     ("rlm.aio",), ("rlm.session",),
     ("rlm", "rlm.api"), ("rlm.observe",), ("rlm.core",), ("rlm.config",), ("rlm.tools",), ("rlm.context",),
