@@ -12,7 +12,7 @@ from pathlib import Path
 
 __all__ = ["add_parser", "cmd_export", "one_run_id"]
 
-FORMATS = ("journal", "chat")
+FORMATS = ("journal", "chat", "profile")
 
 EPILOG = """examples:
   rlm export RUN_ID -o run.jsonl                         # every record of one run
@@ -83,6 +83,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     chat.add_argument("--model", action="append", metavar="NAME", help="only runs of this model")
     chat.add_argument("--include-unfinished", action="store_true",
                       help="also runs that did not complete (their completed calls)")
+    prof = ex.add_argument_group("--format profile: a prompt profile whose worked examples "
+                                 "solved the sweep's training split (--sweep, filters as above)")
+    prof.add_argument("--examples", type=int, default=2, metavar="N",
+                      help="worked examples to take, 1..10 (default 2): shortest correct "
+                      "program per task, skipping programs like one already taken")
+    prof.add_argument("--base-profile", choices=("small", "small-count", "general"),
+                      help="the built-in profile to extend (default: the trials' own)")
     return ex
 
 
@@ -101,7 +108,7 @@ def one_run_id(args, what: str) -> str:
 
 
 _CHAT_ONLY = ("sweep", "per", "level", "kind", "correct_only", "min_score", "task", "method",
-              "depth", "profile", "model", "include_unfinished")
+              "depth", "profile", "model", "include_unfinished", "base_profile")
 
 
 def cmd_export(args) -> int:
@@ -113,11 +120,13 @@ def cmd_export(args) -> int:
     """
     if args.format == "chat":
         return _chat(args)
+    if args.format == "profile":
+        return _profile(args)
     from rlm.errors import ConfigError
     given = [f"--{k.replace('_', '-')}" for k in _CHAT_ONLY
              if getattr(args, k) not in (None, False, [], "call")]
     if given:
-        raise ConfigError(f"{', '.join(given)} belong to --format chat")
+        raise ConfigError(f"{', '.join(given)} belong to --format chat or profile")
     run_id = one_run_id(args, "--format journal")
     from rlm.config.records import open_journal
     from rlm.training.export import _check_output
@@ -137,11 +146,7 @@ def cmd_export(args) -> int:
 
 def _chat(args) -> int:
     from rlm.training.export import export_chat
-    from rlm.training.sources import Filters
-    filters = Filters(correct_only=args.correct_only, min_score=args.min_score,
-                      tasks=args.task, methods=args.method, depths=args.depth,
-                      profiles=args.profile, models=args.model,
-                      unfinished=args.include_unfinished)
+    filters = _filters(args)
     res = export_chat(run_ids=args.run_id or None, sweep=args.sweep,
                       journal=args.journal or None, filters=filters, per=args.per,
                       levels=args.level, kinds=args.kind,
@@ -151,4 +156,30 @@ def _chat(args) -> int:
     where = res.path if res.path is not None else "stdout"
     print(f"[rlm] wrote {res.examples} chat example(s) from {res.runs} run(s) to {where}{dup}",
           file=sys.stderr)
+    return 0
+
+
+def _filters(args):
+    from rlm.training.sources import Filters
+    return Filters(correct_only=args.correct_only, min_score=args.min_score, tasks=args.task,
+                   methods=args.method, depths=args.depth, profiles=args.profile,
+                   models=args.model, unfinished=args.include_unfinished)
+
+
+def _profile(args) -> int:
+    from rlm.errors import ConfigError
+    from rlm.training.export import export_profile
+    if args.sweep is None or args.run_id:
+        raise ConfigError("--format profile builds on a sweep's right trials: give --sweep DIR "
+                          "(and no run ids)")
+    if not args.output:
+        raise ConfigError("--format profile writes a template file: give -o FILE")
+    out, chosen = export_profile(sweep=args.sweep, journal=args.journal or None,
+                                 filters=_filters(args), examples=args.examples,
+                                 base=args.base_profile, output=Path(args.output),
+                                 overwrite=args.overwrite)
+    for c in chosen:
+        print(f"[rlm] worked example: {c['key']} ({len(c['program'])} characters of code, "
+              f"run {c['run_id']})", file=sys.stderr)
+    print(f"[rlm] wrote the profile {out}: use it with --prompt {out}", file=sys.stderr)
     return 0

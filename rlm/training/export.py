@@ -139,3 +139,38 @@ def _write_whole(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def export_profile(*, sweep: Path, journal: Any = None, filters: Filters | None = None,
+                   examples: int = 2, base: str | None = None, output: Path,
+                   overwrite: bool = False) -> tuple[Path, list[dict]]:
+    """Write a prompt profile (a template file) whose worked examples are programs that
+    solved the sweep's training split (:mod:`rlm.training.profile`).
+
+    Args:
+        sweep: an ``rlm eval --out`` directory; filters: which of its trials are the training
+            split (``correct_only`` is implied); examples: how many programs; base: the
+            built-in profile to extend (default: the one profile the chosen trials ran with).
+        output: the template file (refused if it exists unless ``overwrite``).
+    Returns:
+        ``(output, the chosen programs)``.
+    Raises:
+        ConfigError: as :func:`export_chat`, no correct ``rlm`` trial with code, or the
+            chosen trials ran with several profiles and no ``base`` is given.
+    """
+    from rlm.training.profile import choose_programs, render_profile
+    filters = filters or Filters()
+    filters.correct_only = True
+    _check_output(output, overwrite)
+    sources = sweep_sources(sweep, filters)
+    j = _open_journal(journal if journal is not None else sweep_journal(sweep))
+    chosen = choose_programs(j, sources, examples)
+    if base is None:
+        used = sorted({str(s.trial.get("profile")) for s in sources
+                       if s.trial and s.trial.get("method") == "rlm"})
+        if len(used) != 1:
+            raise ConfigError(f"the trials chosen ran with profiles {', '.join(used)}: pick "
+                              "one with --profile, or name the base with --base-profile")
+        base = used[0]
+    _write_whole(output, render_profile(base, chosen))
+    return output, chosen

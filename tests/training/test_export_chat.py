@@ -263,3 +263,48 @@ def test_no_example_carries_a_key(scripted, tmp_path):
     text = target.read_text()
     assert secret not in text and keylike not in text and "sk-proj" not in text
     assert text.count("[redacted]") >= 3  # the sub-call's prompt and reply, the next turn
+
+
+def test_a_profile_bootstrapped_from_the_right_trials_runs(sweep, tmp_path, scripted):
+    """``--format profile``: the shortest right program per task, a copy of one already
+    taken skipped, after the base profile's template; a run with ``--prompt FILE`` on a
+    held-out sample (another seed) is sent those examples."""
+    import rlm as rlm_api
+    from rlm.prompting import prompts
+    out, records, _ = sweep
+    target = tmp_path / "boot.txt"
+    res = rlm(["export", "--format", "profile", "--sweep", str(out), "--examples", "3",
+               "-o", str(target)])
+    assert res.rc == 0, res.stderr
+    text = target.read_text()
+    assert text.startswith(prompts.PROFILES["small"][0].rstrip("\n"))
+    # easy's program (the same at depth 0 and 1: taken once) and hard's depth-1 program;
+    # hard's wrong depth-0 trial gives none
+    added = text.split("Worked examples:")[1]
+    assert added.count("\nExample ") == 2 and "Example 3" not in added
+    assert "Example 1. Question: Q[easy#0#0] what is the code?" in added
+    assert "FINAL('easy-0-0')" in added and "llm_query('SUB[hard#0#0]')" in added
+    assert added.count("FINAL('easy-0-0')") == 1
+    assert prompts.check_template(text) is None
+
+    def respond(req: dict):  # the scripted model reads its task from the question, not from
+        msgs = req["messages"]  # the examples the system prompt now carries
+        if msgs[0]["role"] == "system":
+            msgs = [{"role": "system", "content": ""}] + msgs[1:]
+        return sweep_t.responder({"messages": msgs})
+
+    srv = scripted(respond)
+    held_out = sweep_t.make_sample("hard", 1024, 1, 0)
+    run = rlm_api.completion(held_out.context, held_out.query, base_url=srv.base_url,
+                             api_key=API_KEY, model=MODEL, prompt=str(target), journal=False)
+    assert run.status == "completed" and run.answer == held_out.expected[0]
+    system = srv.requests[0]["messages"][0]["content"]
+    assert "llm_query('SUB[hard#0#0]')" in system and "Worked examples" in system
+    # bad input: no right trial in the split, no sweep, an existing file
+    assert_clean_error(rlm(["export", "--format", "profile", "--sweep", str(out), "--method",
+                            "base", "-o", str(tmp_path / "x.txt")]), 2, "no correct rlm trial")
+    assert not (tmp_path / "x.txt").exists()
+    assert_clean_error(rlm(["export", "--format", "profile", "-o", str(tmp_path / "x.txt")]),
+                       2, "--sweep")
+    assert_clean_error(rlm(["export", "--format", "profile", "--sweep", str(out),
+                            "-o", str(target)]), 2, "exists")
