@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,7 @@ from harness.errors import HarnessError
 
 from rlm.errors import ConfigError, RLMError
 
-__all__ = ["Policy", "Episode", "Rollout", "Environment"]
+__all__ = ["Policy", "Episode", "Rollout", "Environment", "rollout_in_worker"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class Environment:
         self.caps = dict(caps or {})
         self.sample_factory = sample_factory
         self._runners: dict[str, Any] = {}
+        self._lock = threading.Lock()
 
     # samples -----------------------------------------------------------------------
     def sample(self, sample: Any) -> Any:
@@ -213,11 +215,12 @@ class Environment:
     def _runner(self, policy: Policy) -> Any:
         """One :class:`rlm.RLM` per policy, shared by the threads (one embedded server)."""
         key = _canonical(policy.identity())
-        if key not in self._runners:
-            from rlm.api import RLM
-            self._runners[key] = RLM(**{k: v for k, v in policy.options().items()
-                                        if v is not None})
-        return self._runners[key]
+        with self._lock:
+            if key not in self._runners:
+                from rlm.api import RLM
+                self._runners[key] = RLM(**{k: v for k, v in policy.options().items()
+                                            if v is not None})
+            return self._runners[key]
 
     def rollout(self, sample: Any, policy: Policy | None = None, *, tag: str = "",
                 attempt: int = 0) -> Rollout:
@@ -251,14 +254,29 @@ class Environment:
                        res.replayed_calls if res is not None else 0,
                        None if error is None else f"{type(error).__name__}: {error}")
 
+    def settings(self) -> dict:
+        """The keyword arguments that make this environment again (in a Ray worker)."""
+        return {"directory": str(self.directory.resolve()), "journal": self.journal,
+                "max_depth": self.max_depth, "profile": self.profile, "caps": self.caps,
+                "sample_factory": self.sample_factory}
+
     def rollouts(self, samples: Iterable[Any], policy: Policy | None = None, *,
-                 group: int = 1, concurrency: int = 2, tag: str = "") -> list[Rollout]:
+                 group: int = 1, concurrency: int = 2, tag: str = "",
+                 ray_address: str | None = None) -> list[Rollout]:
         """``group`` rollouts of each sample (attempts 0..group-1), ``concurrency`` at once
-        on a thread pool; returned in input order (sample by sample, attempt by attempt).
+        on a thread pool, or each as a Ray task on the cluster at ``ray_address``
+        (:mod:`rlm.training.ray_rollouts`); returned in input order (sample by sample,
+        attempt by attempt).
 
         Raises:
-            ConfigError: bad sample or options (raised before or while the batch runs).
+            ConfigError: bad sample or options (raised before or while the batch runs), or
+                Ray missing or unreachable.
         """
+        if ray_address is not None:
+            from rlm.training.ray_rollouts import rollouts_on_ray
+            jobs = [(s, a) for s in samples for a in range(group)]
+            return rollouts_on_ray(rollout_in_worker, self.settings(), jobs, policy or Policy(),
+                                   tag, ray_address)
         jobs = [(s, a) for s in (self.sample(x) for x in samples) for a in range(group)]
         with ThreadPoolExecutor(max_workers=max(1, concurrency),
                                 thread_name_prefix="rlm-rollout") as pool:
@@ -288,3 +306,16 @@ class Environment:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_WORKER_ENVS: dict[str, Environment] = {}
+
+
+def rollout_in_worker(settings: dict, sample: Any, policy: Policy, tag: str,
+                      attempt: int) -> Rollout:
+    """One rollout in a Ray worker: the worker's :class:`Environment` of ``settings`` (made
+    once per worker process, so an embedded model server starts once) runs it."""
+    key = _canonical(settings)
+    if key not in _WORKER_ENVS:
+        _WORKER_ENVS[key] = Environment(**settings)
+    return _WORKER_ENVS[key].rollout(sample, policy, tag=tag, attempt=attempt)

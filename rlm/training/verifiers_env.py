@@ -80,8 +80,8 @@ class RLMTaskset(vf.Taskset[RLMTask, RLMTasksetConfig]):
 
 
 class RLMHarnessConfig(vf.HarnessConfig):
-    """``--env.agent.harness.*``: the RLM's depth, profile and caps, and where its journal
-    goes."""
+    """``--env.agent.harness.*``: the RLM's depth, profile and caps, how many rollouts run
+    at once in this process (``concurrency``), and where their journal goes."""
 
     id: str = "rlm-verifiers"
     max_depth: int = 1
@@ -91,6 +91,7 @@ class RLMHarnessConfig(vf.HarnessConfig):
     max_tokens: int | None = 200_000
     max_iterations: int | None = None
     max_wall_seconds: float | None = 600.0
+    concurrency: int = 4
     directory: str = "rlm-rollouts"
     journal: str | None = None
     sample_factory: str | None = None
@@ -107,6 +108,7 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
         super().__init__(config)
         self._env: Environment | None = None
         self._lock = threading.Lock()
+        self._slots: asyncio.Semaphore | None = None
 
     def environment(self) -> Environment:
         """The :class:`Environment` of this harness's settings (made once)."""
@@ -129,8 +131,11 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
         policy = Policy(base_url=endpoint, model=ctx.model, api_key=secret,
                         sub_model=self.config.sub_model)
         where = (data.task, data.length, data.seed, data.index)
-        rollout = await asyncio.to_thread(self.environment().rollout, where, policy,
-                                          tag=str(trace.id))
+        if self._slots is None:  # made in the event loop that runs the rollouts
+            self._slots = asyncio.Semaphore(max(1, self.config.concurrency))
+        async with self._slots:  # vf-eval runs up to 128 at once: each RLM run has kernels
+            rollout = await asyncio.to_thread(self.environment().rollout, where, policy,
+                                              tag=str(trace.id))
         trace.info["rlm"] = rollout.to_dict()
         return ProgramResult(exit_code=0, stdout=rollout.answer or "",
                              stderr=rollout.error or "")

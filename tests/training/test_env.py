@@ -109,3 +109,24 @@ def test_reset_group_ids_and_failed_rollouts(scripted, tmp_path, monkeypatch):
                      caps={"max_wall_seconds": 2}) as env:
         r = env.rollout(SAMPLES[0], down)
     assert r.reward == 0.0 and r.answer is None and r.status in ("error", "budget_exceeded"), r
+
+
+from test_eval_sweep import ray_head  # noqa: E402,F401  (the fixture: a real Ray head)
+
+
+def test_rollouts_on_ray_give_the_local_rewards_and_replay(scripted, tmp_path, monkeypatch,
+                                                           ray_head):  # noqa: F811
+    from rlm.training.env import Environment, Policy
+    monkeypatch.syspath_prepend(str(TESTS / "evaluation"))
+    srv = scripted(sweep_t.responder)
+    policy = Policy(base_url=srv.base_url, model=MODEL, api_key=API_KEY)
+    with Environment(tmp_path / "env", max_depth=0, sample_factory=FACTORY) as env:
+        on_ray = env.rollouts(SAMPLES, policy, ray_address=ray_head, tag="ray")
+        assert [r.key for r in on_ray] == ["|".join(map(str, s)) for s in SAMPLES]
+        assert [r.reward for r in on_ray] == [1.0, 0.0, 1.0, 0.0]
+        local = env.rollouts(SAMPLES, policy, tag="local")
+        assert [r.reward for r in local] == [r.reward for r in on_ray]
+        n = srv.count
+        for r in on_ray:
+            assert env.replay(r).answer == r.answer
+        assert srv.count == n
