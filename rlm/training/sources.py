@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ class Filters:
     profiles: list[str] | None = None
     models: list[str] | None = None
     unfinished: bool = False
-    said: list[str] = field(default_factory=list)
 
     def sweep_only(self) -> list[str]:
         """The flags given that only a sweep can answer (scores and tasks live in its trials)."""
