@@ -31,7 +31,7 @@ TOP = ("rlm", "kernels", "harness")
 #: (``"rlm"`` itself is the package's ``__init__``, the public face). Entries in one tuple
 #: share a layer.
 LAYERS = (
-    ("rlm.__main__",), ("rlm.cli",), ("rlm.serve", "rlm.serve.server"),
+    ("rlm.__main__",), ("rlm.cli",), ("rlm.training",), ("rlm.serve", "rlm.serve.server"),
     ("rlm.serve.request", "rlm.serve.runs", "rlm.serve.sessions"), ("rlm.serve.errors",),
     ("rlm.evaluation",),
     ("rlm.aio",), ("rlm.session",),

@@ -151,9 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     add_arguments(ls, "runs")
 
-    ex = sub.add_parser("export", help="write a run as JSON Lines (one record per stage and event)")
-    ex.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
-    ex.add_argument("-o", "--output", metavar="PATH", help="output file (default stdout)")
+    from rlm.cli.export import add_parser as add_export_parser  # journal records, chat data
+    ex = add_export_parser(sub)
     add_arguments(ex, "export")
     from rlm.cli.views import extend_parser  # rlm view, live view, OpenTelemetry flags
     extend_parser(sub, {"run": r, "resume": rs, "replay": rp, "runs": ls, "show": sh,
@@ -351,17 +350,8 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from rlm.errors import ConfigError
-    j = _journal(args)
-    if j.get_run(args.run_id) is None:
-        raise ConfigError(f"no run {args.run_id!r} in journal {j.path}")
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            n = j.export_jsonl(args.run_id, f)
-        print(f"[rlm] wrote {n} records to {args.output}", file=sys.stderr)
-    else:
-        j.export_jsonl(args.run_id, sys.stdout)
-    return 0
+    from rlm.cli.export import cmd_export
+    return cmd_export(args)
 
 
 def _cmd_serve(args) -> int:

@@ -109,9 +109,11 @@ def _cmd_follow(args) -> int:
 
 
 def _cmd_export_otel(args) -> int:
+    from rlm.cli.export import one_run_id
     from rlm.observe.otel import export_run
-    n = export_run(_journal(args), args.run_id, endpoint=args.otel_endpoint)
-    print(f"[rlm] sent {n} spans of run {args.run_id}", file=sys.stderr)
+    run_id = one_run_id(args, "--otel")
+    n = export_run(_journal(args), run_id, endpoint=args.otel_endpoint)
+    print(f"[rlm] sent {n} spans of run {run_id}", file=sys.stderr)
     return 0
 
 

@@ -144,7 +144,7 @@ def test_every_block_has_a_known_language_and_every_marker_a_reason():
 
 def test_the_blocks_that_run_stay_few():
     """Each run costs a kernel start: keep the test under ~2.5 minutes."""
-    assert len([b for b in BLOCKS if b.lang in RUN_LANGS and b.no_run is None]) <= 36
+    assert len([b for b in BLOCKS if b.lang in RUN_LANGS and b.no_run is None]) <= 37
 
 
 # --------------------------------------------------------------------------- the model

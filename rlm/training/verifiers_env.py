@@ -1,0 +1,141 @@
+"""The environment as a ``verifiers`` (0.4, ``verifiers.v1``) taskset and harness, so a
+prime-rl style trainer or ``vf-eval`` runs our RLM as its rollout.
+
+``vf-eval rlm.training.verifiers_env ...`` (or ``--env.taskset.id rlm.training.verifiers_env``)
+loads this module as a verifiers plugin: it exports one :class:`RLMTaskset` (the samples of
+``rlm eval``'s tasks: ``--env.taskset.tasks``, ``.lengths``, ``.n``, ``.seed``,
+``.sample-factory``) and one :class:`RLMHarness`, the taskset's default harness. The harness
+runs its loop in-process, as verifiers allows when every model call goes through the
+rollout's interception endpoint: it hands that endpoint and its token to
+:meth:`rlm.training.env.Environment.rollout` as the policy, so the root's turns and every
+sub-call (``sub_model`` on the same endpoint) are the policy's, recorded in the trace, while
+the code runs in our sandboxed kernels under the harness's caps and the run is journaled.
+The trace's ``info["rlm"]`` holds the rollout (run id, journal, answer, usage), and the
+task's reward is the eval task's own score of the answer.
+
+Needs the ``train`` extra (``pip install 'rlm-kernels[train]'``); see docs/training.md for
+what verifiers 0.4 pulls in with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import verifiers.v1 as vf
+from verifiers.v1.runtimes import ProgramResult
+
+from rlm.training.env import Environment, Policy
+
+__all__ = ["RLMTaskset", "RLMHarness"]
+
+
+class RLMTaskData(vf.TaskData):
+    """One sample: where :func:`rlm.evaluation.tasks.make_sample` (or the sample factory)
+    finds it. ``prompt`` is its question; the context stays out of the chat."""
+
+    task: str
+    length: int
+    seed: int = 0
+    index: int = 0
+
+
+class RLMTask(vf.Task[RLMTaskData]):
+    """A sample, rewarded by its task's scorer through the harness's rollout."""
+
+    @vf.reward
+    async def task_score(self, trace: Any) -> float:
+        """The eval task's score of the RLM's answer, 0..1 (0.0 when the run did not
+        complete or the harness recorded no rollout)."""
+        rollout = (trace.info or {}).get("rlm") or {}
+        return float(rollout.get("reward") or 0.0)
+
+
+class RLMTasksetConfig(vf.TasksetConfig):
+    """``--env.taskset.*``: the samples, as ``rlm eval`` names them."""
+
+    tasks: list[str] = ["niah_single_1"]
+    lengths: list[int] = [4096]
+    n: int = 5
+    seed: int = 0
+    sample_factory: str | None = None
+
+
+class RLMTaskset(vf.Taskset[RLMTask, RLMTasksetConfig]):
+    """tasks x lengths x ``n`` samples (indices 0..n-1) of ``rlm eval``'s tasks."""
+
+    def load(self):
+        """Yield one :class:`RLMTask` per sample (its id ``task|length|seed|index``)."""
+        from rlm.evaluation.trial import checked_sample, load_sample_factory
+        make = load_sample_factory(self.config.sample_factory)
+        for task in self.config.tasks:
+            for length in self.config.lengths:
+                for index in range(self.config.n):
+                    where = (task, length, self.config.seed, index)
+                    sample = checked_sample(make, where, self.config.sample_factory)
+                    key = "|".join(map(str, where))
+                    yield RLMTask(RLMTaskData(id=key, name=key, prompt=sample.query, task=task,
+                                              length=length, seed=self.config.seed,
+                                              index=index), self.config.task)
+
+
+class RLMHarnessConfig(vf.HarnessConfig):
+    """``--env.agent.harness.*``: the RLM's depth, profile and caps, how many rollouts run
+    at once in this process (``concurrency``), and where their journal goes."""
+
+    id: str = "rlm-verifiers"
+    max_depth: int = 1
+    profile: str = "small"
+    sub_model: str | None = None
+    max_calls: int | None = 30
+    max_tokens: int | None = 200_000
+    max_iterations: int | None = None
+    max_wall_seconds: float | None = 600.0
+    concurrency: int = 4
+    directory: str = "rlm-rollouts"
+    journal: str | None = None
+    sample_factory: str | None = None
+
+
+class RLMHarness(vf.Harness[RLMHarnessConfig]):
+    """Runs the RLM in-process for each rollout (see the module doc)."""
+
+    EXECUTES_CODE = True
+    # the model's code runs in our own sandboxed kernels (bubblewrap), not in the runtime
+    NEEDS_CONTAINER = False
+
+    def __init__(self, config: RLMHarnessConfig) -> None:
+        super().__init__(config)
+        self._env: Environment | None = None
+        self._lock = threading.Lock()
+        self._slots: asyncio.Semaphore | None = None
+
+    def environment(self) -> Environment:
+        """The :class:`Environment` of this harness's settings (made once)."""
+        with self._lock:
+            if self._env is None:
+                c = self.config
+                caps = {k: getattr(c, k) for k in ("max_calls", "max_tokens", "max_iterations",
+                                                    "max_wall_seconds")
+                        if getattr(c, k) is not None}
+                self._env = Environment(c.directory, journal=c.journal, max_depth=c.max_depth,
+                                        profile=c.profile, caps=caps,
+                                        sample_factory=c.sample_factory)
+            return self._env
+
+    async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
+                     mcp_urls: dict, data: Any, tool_interception_url: str | None = None
+                     ) -> ProgramResult:
+        """One rollout: the RLM on the task's sample, its model calls through ``endpoint``
+        (bearer ``secret``) as ``ctx.model``; ``trace.info["rlm"]`` gets the rollout."""
+        policy = Policy(base_url=endpoint, model=ctx.model, api_key=secret,
+                        sub_model=self.config.sub_model)
+        where = (data.task, data.length, data.seed, data.index)
+        if self._slots is None:  # made in the event loop that runs the rollouts
+            self._slots = asyncio.Semaphore(max(1, self.config.concurrency))
+        async with self._slots:  # vf-eval runs up to 128 at once: each RLM run has kernels
+            rollout = await asyncio.to_thread(self.environment().rollout, where, policy,
+                                              tag=str(trace.id))
+        trace.info["rlm"] = rollout.to_dict()
+        return ProgramResult(exit_code=0, stdout=rollout.answer or "",
+                             stderr=rollout.error or "")

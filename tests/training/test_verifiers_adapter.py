@@ -1,0 +1,76 @@
+"""The verifiers adapter (rlm/training/verifiers_env.py, plugin id ``rlm-verifiers``): verifiers'
+own evaluation entry point, ``vf-eval``, runs our RLM as its rollouts against the scripted
+OpenAI-protocol server on 127.0.0.1 (through verifiers' interception server, which records
+every model call in its traces), with real kernels and a real journal.
+
+The rewards in vf-eval's traces must equal what ``rlm eval``'s trial runner scores for the same
+samples, and every rollout must replay from our journal with no request.
+
+verifiers 0.4.0 cannot be installed beside this project's test environment (it pins
+``openai<3`` and pulls in a distribution whose import name is ``kernels``: docs/training.md),
+so this test skips unless it runs in an environment that has it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import API_KEY, MODEL, REPO, TESTS, clean_env
+
+pytest.importorskip("verifiers.v1", reason="verifiers 0.4 is not installed (the [train] extra, "
+                    "in an environment of its own: docs/training.md)")
+
+sys.path.insert(0, str(TESTS / "evaluation"))
+import test_eval_sweep as sweep_t  # noqa: E402
+
+FACTORY = "test_eval_sweep:make_sample"
+
+
+def test_vf_eval_rewards_match_rlm_eval_and_rollouts_replay_free(scripted, tmp_path):
+    from rlm.evaluation.trial import TrialSpec, run_trial
+    srv = scripted(sweep_t.responder)
+    env = clean_env(RLM_VF_TEST_KEY=API_KEY)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS / "evaluation"), str(TESTS)])
+    vf_eval = Path(sys.executable).parent / "vf-eval"
+    p = subprocess.run(
+        [str(vf_eval), "rlm-verifiers", "-m", MODEL, "--client.base-url", srv.base_url,
+         "--client.api-key-var", "RLM_VF_TEST_KEY", "--env.taskset.tasks", '["easy","hard"]',
+         "--env.taskset.lengths", "[1024]", "--env.taskset.n", "2",
+         "--env.taskset.sample-factory", FACTORY, "--env.agent.harness.id", "rlm-verifiers",
+         "--env.agent.harness.sample-factory", FACTORY, "--env.agent.harness.max-depth", "0",
+         "--env.agent.harness.directory", str(tmp_path / "rollouts"),
+         "--env.agent.runtime.type", "subprocess", "--no-push", "--no-rich",
+         "-o", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    [traces] = list((tmp_path / "out").glob("*/traces.jsonl"))
+    got = {}
+    for line in traces.read_text().splitlines():
+        episode = json.loads(line)
+        [trace] = episode["traces"]
+        got[episode["task"]["data"]["id"]] = (trace["rewards"]["task_score"]["score"],
+                                              trace["info"]["rlm"], len(trace["calls"]))
+    assert sorted(got) == ["easy|1024|0|0", "easy|1024|0|1", "hard|1024|0|0", "hard|1024|0|1"]
+    sent = srv.count
+    os.environ["RLM_VF_TEST_KEY"] = API_KEY
+    for key, (reward, rollout, calls) in got.items():
+        task, length, seed, index = key.split("|")
+        spec = TrialSpec(task, int(length), int(seed), int(index), "rlm", 0, "small", MODEL,
+                         base_url=srv.base_url, api_key_env="RLM_VF_TEST_KEY",
+                         journal=str(tmp_path / "eval.sqlite3"), sample_factory=FACTORY)
+        want = run_trial(spec, make_sample=sweep_t.make_sample)["score"]
+        assert reward == rollout["reward"] == want == (1.0 if task == "easy" else 0.0), key
+        assert calls == rollout["usage"]["calls"]  # every call went through verifiers
+    sent_by_eval = srv.count - sent
+    for key, (_, rollout, _) in got.items():
+        r = subprocess.run([sys.executable, "-m", "rlm", "replay", rollout["run_id"],
+                            "--journal", rollout["journal"], "--json"], env=clean_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["answer"] == rollout["answer"]
+    assert srv.count == sent + sent_by_eval  # the replays sent nothing
