@@ -285,3 +285,10 @@ class BridgeServer:
             except OSError:
                 pass
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def dispatch(self, peer_pid: int, req: Any) -> dict:
+        """Authenticate one decoded request as coming from process ``peer_pid`` and run the
+        handler; returns the reply dict. For a channel other than this socket (a gateway
+        kernel's stdin channel, :mod:`kernels.gateway.serve`), which vouches for the peer
+        itself. Never raises."""
+        return self._dispatch(peer_pid, req)

@@ -150,12 +150,15 @@ class KernelPool:
             or one) to adopt: they count towards ``size`` and in :attr:`started`; the first
             ready is the first :meth:`acquire`'s.
         sandbox: how its kernels are sandboxed (:class:`kernels.bwrap.SandboxSpec`).
+        factory: makes a new (not started) kernel; default a local :class:`Kernel` with
+            ``sandbox`` (see :func:`kernels.provider.kernel_factory`).
     """
 
     def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None,
-                 sandbox: SandboxSpec | None = None) -> None:
+                 sandbox: SandboxSpec | None = None, factory=None) -> None:
         self.size = max(0, int(size))
         self.spec = sandbox
+        self._make = factory or (lambda: Kernel(sandbox=sandbox))
         self._ready: list[Kernel] = []
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -183,7 +186,7 @@ class KernelPool:
             need = max(0, self.size - len(self._ready) - (self._starting - self._waiting))
             self._starting += need
             self.started += need
-            kernels = [Kernel(sandbox=self.spec) for _ in range(need)]
+            kernels = [self._make() for _ in range(need)]
             self._live.update(kernels)
         for k in kernels:
             threading.Thread(target=self._start_one, args=(k,), daemon=True,
@@ -212,7 +215,7 @@ class KernelPool:
             self._drop(k)
 
     def _new(self) -> Kernel:
-        k = Kernel(sandbox=self.spec)
+        k = self._make()
         with self._lock:
             self._live.add(k)
             self.started += 1

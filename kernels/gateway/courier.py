@@ -1,0 +1,166 @@
+"""Inside a gateway kernel: the bridge carried by the kernel's own stdin channel.
+
+A kernel behind a Jupyter gateway cannot reach the host's Unix socket; what it can do is what
+any kernel does to read ``input()``: send an ``input_request`` on its stdin channel and wait for
+the client's ``input_reply``. The host (:mod:`kernels.gateway.serve`) is that client, so bridge
+frames ride these two messages: the request's ``prompt`` is :data:`MARK` followed by the JSON
+``{"frames": [{"id": int, "frame": request}, ...]}`` and the reply's ``value`` is the JSON
+``{"replies": [{"id": int, "frame": reply}, ...]}``.
+
+ipykernel's stdin socket is not thread-safe, so one :class:`Courier` thread owns it: a cell's
+threads queue their requests, the courier sends every pending one in a single ``input_request``
+and hands each reply to the thread that asked. The host answers with whatever replies are ready
+(holding the answer up to :data:`HOLD_SECONDS` when none is), so calls made at once in a cell
+(threads, batches) travel together and never wait behind one outstanding request.
+
+:class:`CourierSocket` gives :mod:`kernels.runtime` what it expects of a bridge connection
+(``connect``, ``sendall``, ``recv``, ``close``), so the runtime's own ``llm_query``, ``rlm``,
+tools, ``FINAL`` and their errors work unchanged; :func:`kernels.gateway.remote.bind` installs
+it. Standard library only.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import struct
+import threading
+
+#: The first characters of an ``input_request`` prompt that carries bridge frames.
+MARK = "\x00rlm-bridge:"
+#: Seconds the host may hold an answer when no reply is ready yet (it says so; documented here).
+HOLD_SECONDS = 0.02
+_HEADER = struct.Struct(">I")
+
+
+class CourierError(ConnectionError):
+    """The stdin channel failed (the kernel's client is gone, or stdin is not allowed)."""
+
+
+class Courier:
+    """The one thread that owns the kernel's stdin channel for bridge frames.
+
+    Args:
+        raw_input: the kernel's own ``raw_input`` (bound before any cell can replace it):
+            ``raw_input(prompt) -> str``, blocking until the client's reply.
+    """
+
+    def __init__(self, raw_input) -> None:
+        self._raw = raw_input
+        self._cv = threading.Condition()
+        self._out: list[dict] = []
+        self._waiting: dict[int, object] = {}
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self.pid = os.getpid()
+        #: input_request round trips made (int), for tests and measurements
+        self.trips = 0
+
+    def call(self, frame: dict) -> dict:
+        """Send one bridge frame (a request dict) and wait for its reply dict.
+
+        Raises:
+            CourierError: the stdin channel failed.
+        """
+        if os.getpid() != self.pid:
+            raise CourierError("a process a cell started cannot reach the host from a gateway "
+                               "kernel: call llm_query/rlm from the kernel's own process")
+        with self._cv:
+            n = next(self._ids)
+            self._out.append({"id": n, "frame": frame})
+            self._waiting[n] = None
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="rlm-courier")
+                self._thread.start()
+            self._cv.notify_all()
+            try:
+                while self._waiting.get(n) is None:
+                    self._cv.wait()
+                got = self._waiting.pop(n)
+            except BaseException:  # interrupted: a late reply is dropped
+                self._waiting.pop(n, None)
+                raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._out and not self._waiting:
+                    self._cv.wait()
+                batch, self._out = self._out, []
+            try:
+                value = self._raw(MARK + json.dumps({"frames": batch}))
+                replies = json.loads(value)["replies"]
+                self.trips += 1
+            except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+                err = CourierError(f"the host did not answer on the stdin channel: "
+                                   f"{type(exc).__name__}: {exc}")
+                with self._cv:
+                    for k in list(self._waiting):
+                        self._waiting[k] = err
+                    self._cv.notify_all()
+                continue
+            with self._cv:
+                for r in replies:
+                    if isinstance(r, dict) and r.get("id") in self._waiting:
+                        self._waiting[r["id"]] = r.get("frame") or {}
+                self._cv.notify_all()
+
+
+_COURIER: list[Courier] = []
+
+
+def courier() -> Courier:
+    """This kernel's courier (made by :func:`install`). Raises CourierError before it."""
+    if not _COURIER:
+        raise CourierError("this kernel was not bound to a gateway host")
+    return _COURIER[0]
+
+
+class CourierSocket:
+    """A bridge "connection" for :mod:`kernels.runtime` that goes through the courier.
+
+    Made as ``CourierSocket(family, type)`` (the runtime's socket constructor call);
+    ``connect`` does nothing, ``sendall`` takes one whole frame (a 4-byte length and JSON, as
+    :func:`kernels.protocol.encode_frame` writes it) and sends it, ``recv`` returns the reply's
+    frame bytes.
+    """
+
+    def __init__(self, *_args) -> None:
+        self._buf = b""
+
+    def connect(self, _address) -> None:
+        """Nothing to connect: the courier owns the channel."""
+
+    def sendall(self, data: bytes) -> None:
+        """Send the frame in ``data`` and keep its reply for :meth:`recv`. Raises CourierError."""
+        (n,) = _HEADER.unpack(data[:_HEADER.size])
+        reply = courier().call(json.loads(data[_HEADER.size:_HEADER.size + n]))
+        body = json.dumps(reply).encode()
+        self._buf += _HEADER.pack(len(body)) + body
+
+    def recv(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the replies received (b"" when none is left)."""
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def close(self) -> None:
+        """Drop what is left unread."""
+        self._buf = b""
+
+
+def _refuse_input(prompt: str = "") -> str:
+    raise OSError("input() is not available in an RLM kernel: the model's code runs unattended")
+
+
+def install(kernel) -> Courier:
+    """Make this kernel's courier from its ``raw_input`` and shut ``input()`` off for cells
+    (the courier owns the stdin channel). Idempotent; returns the courier."""
+    if not _COURIER:
+        _COURIER.append(Courier(kernel.raw_input))
+        kernel.raw_input = _refuse_input
+        kernel.getpass = _refuse_input
+    return _COURIER[0]

@@ -1,0 +1,185 @@
+"""The kernelspec a gateway host installs, and the launcher its kernels start through.
+
+``python -m kernels.gateway.kernelspec install [--prefix DIR] [--name rlm] [--sandbox MODE]``
+(or ``rlm gateway-kernelspec install``) writes ``DIR/share/jupyter/kernels/NAME/kernel.json``
+(default ``DIR``: ``sys.prefix``), whose command runs :func:`launch` with the gateway's
+connection file. The launcher starts the kernel as the local provider does: ipykernel under
+the supervisor (:mod:`kernels.sandbox`), inside bubblewrap (:mod:`kernels.bwrap`) with no
+network, the default limits and a scrubbed environment, in a working directory of its own.
+
+Channels. Without a network the kernel cannot serve TCP ports the gateway could reach, so the
+gateway must use the IPC transport (``--KernelManager.transport=ipc``): its connection file
+then names socket paths next to the file, in a directory every kernel of the gateway shares.
+The launcher binds the kernel's sockets in the kernel's own working directory instead and
+links the paths the gateway connects to there, so a kernel sees no other kernel's sockets or
+connection file. Interrupts go as messages (``interrupt_mode: message``): the gateway's
+process is the launcher, not the kernel.
+
+Contexts. The launcher keeps the host's context cache (``--cache``, default
+``$RLM_GATEWAY_CACHE`` or ``~/.cache/rlm-contexts``): mounted read-only in each kernel
+(``$RLM_CONTEXT_CACHE``); the files a kernel pulled are offered through a writable inbox and
+taken into the cache when it exits, their sha256 checked again (see :mod:`kernels.gateway.fetch`).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from kernels.protocol import BOOT_CODE
+
+
+def kernel_json(name: str, sandbox: str, python: str, cache: str | None,
+                env: dict | None = None) -> dict:
+    """The kernelspec's ``kernel.json`` (dict); ``env``: variables the gateway sets for the
+    launcher (e.g. ``PYTHONPATH`` when the project is not installed in ``python``)."""
+    argv = [python, "-m", "kernels.gateway.kernelspec", "launch", "--sandbox", sandbox]
+    if cache:
+        argv += ["--cache", cache]
+    return {"argv": argv + ["{connection_file}"], "display_name": f"RLM kernel ({name})",
+            "language": "python", "interrupt_mode": "message",
+            "env": dict(env or {}), "metadata": {"rlm": {"sandbox": sandbox}}}
+
+
+def install(prefix: str | None = None, name: str = "rlm", sandbox: str = "bwrap",
+            python: str | None = None, cache: str | None = None, env: dict | None = None) -> str:
+    """Write the kernelspec; returns its directory. Raises OSError when it cannot be written."""
+    root = os.path.join(prefix or sys.prefix, "share", "jupyter", "kernels", name)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "kernel.json"), "w", encoding="utf-8") as f:
+        json.dump(kernel_json(name, sandbox, python or sys.executable, cache, env), f, indent=1)
+    return root
+
+
+def _kernel_argv(connection_file: str) -> list[str]:
+    return [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
+            f"--IPKernelApp.exec_lines={BOOT_CODE}", "--HistoryManager.enabled=False",
+            "--IPKernelApp.log_level=CRITICAL"]
+
+
+def _private_channels(info: dict, workdir: str) -> tuple[dict, list[str]]:
+    """The connection info with the kernel's IPC sockets in ``workdir``, and the paths the
+    gateway connects to linked there (returned too, to be removed). Raises SystemExit for a TCP connection file."""
+    if info.get("transport") != "ipc":
+        raise SystemExit("rlm kernelspec: a sandboxed kernel has no network, so the gateway must "
+                         "use IPC channels: start it with --KernelManager.transport=ipc")
+    mine = dict(info, ip=os.path.join(workdir, "k"))
+    links = []
+    for key in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
+        link = f"{info['ip']}-{info[key]}"
+        try:
+            os.unlink(link)
+        except FileNotFoundError:
+            pass
+        os.symlink(f"{mine['ip']}-{info[key]}", link)
+        links.append(link)
+    return mine, links
+
+
+def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = None) -> int:
+    """Run one kernel for the gateway (see the module's text); returns its exit status."""
+    from kernels import sandbox as sb
+    from kernels.bwrap import CTX_DIR, SANDBOX_HOME, SandboxSpec, bwrap_argv
+    from kernels.launch import lifeline_fd
+    from kernels.secrets import kernel_env
+    with open(connection_file, encoding="utf-8") as f:
+        info = json.load(f)
+    base = os.environ.get("RLM_GATEWAY_WORKDIR") or tempfile.gettempdir()
+    workdir = tempfile.mkdtemp(prefix="rlm-gk-", dir=base)
+    links = []
+    extra: dict = {sb.TAG_VAR: os.urandom(8).hex()}
+    try:
+        if sandbox == "none":
+            argv, fds = _kernel_argv(connection_file), ()
+        else:
+            info, links = _private_channels(info, workdir)
+            own = os.path.join(workdir, "kernel.json")
+            fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(info, f)
+            spec = SandboxSpec()
+            os.makedirs(os.path.join(workdir, CTX_DIR), exist_ok=True)
+            inbox = os.path.join(workdir, "inbox")
+            os.makedirs(inbox)
+            extra["RLM_CONTEXT_INBOX"] = inbox
+            argv = sb.supervised_argv(_kernel_argv(own), workdir=workdir, connection_file=own,
+                                      ident=sb.kernel_identity(), limits=spec.rlimits(),
+                                      home=SANDBOX_HOME, lifeline=lifeline_fd())
+            argv = bwrap_argv(argv, workdir=workdir, spec=spec)
+            if cache and os.path.isdir(cache):
+                i = argv.index("--")
+                argv[i:i] = ["--ro-bind", cache, "/rlm-cache"]
+                extra["RLM_CONTEXT_CACHE"] = "/rlm-cache"
+            fds = (lifeline_fd(),)
+        proc = subprocess.Popen(argv, env=kernel_env(extra), cwd=workdir, pass_fds=fds)
+        signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
+        rc = proc.wait()
+        if cache:
+            _harvest(os.path.join(workdir, "inbox"), cache)
+        return rc
+    finally:
+        for link in links:
+            try:
+                os.unlink(link)
+            except OSError:
+                pass
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _harvest(inbox: str, cache: str) -> None:
+    """Take the context files a kernel pulled into the host's cache, each only if its content
+    has the sha256 its name says (a kernel may have written anything there)."""
+    try:
+        names = os.listdir(inbox)
+        os.makedirs(cache, exist_ok=True)
+    except OSError:
+        return
+    for name in names:
+        src = os.path.join(inbox, name)
+        h = hashlib.sha256()
+        try:
+            with open(src, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            if h.hexdigest() == name and not os.path.islink(src):
+                shutil.copyfile(src, os.path.join(cache, name + ".part"))
+                os.replace(os.path.join(cache, name + ".part"), os.path.join(cache, name))
+        except OSError:
+            continue
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``install`` or ``launch`` (see the module's text); returns the exit status."""
+    ap = argparse.ArgumentParser(prog="rlm gateway-kernelspec",
+                                 description="the kernelspec of a Jupyter gateway host")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ins = sub.add_parser("install", help="write the kernelspec")
+    ins.add_argument("--prefix", help="install under PREFIX/share/jupyter/kernels "
+                                      "(default: this Python's prefix)")
+    ins.add_argument("--name", default="rlm")
+    ins.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap")
+    ins.add_argument("--cache", default=os.environ.get("RLM_GATEWAY_CACHE"),
+                     help="the host's context cache directory (default $RLM_GATEWAY_CACHE)")
+    ins.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                     help="a variable the gateway sets for its kernels (repeatable)")
+    run = sub.add_parser("launch", help="(run by the gateway) start one kernel")
+    run.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap")
+    run.add_argument("--cache")
+    run.add_argument("connection_file")
+    a = ap.parse_args(argv)
+    if a.cmd == "install":
+        env = dict(e.split("=", 1) for e in a.env if "=" in e)
+        print(install(a.prefix, a.name, a.sandbox, cache=a.cache, env=env))
+        return 0
+    return launch(a.connection_file, a.sandbox, a.cache)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
