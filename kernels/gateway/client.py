@@ -120,14 +120,14 @@ class GatewayClient:
         except GatewayError:
             pass
 
-    def exists(self, kernel_id: str) -> bool:
-        """Whether the gateway still has the kernel (False when it is culled or the gateway is
-        unreachable). Never raises."""
+    def kernel_state(self, kernel_id: str) -> str:
+        """``"present"``, ``"absent"`` (the gateway answers without it: culled or ended) or
+        ``"unreachable"`` (the gateway does not answer, or refuses us). Never raises."""
         try:
             self.request("GET", f"/api/kernels/{kernel_id}", timeout=5)
-            return True
-        except GatewayError:
-            return False
+            return "present"
+        except GatewayError as exc:
+            return "absent" if exc.status == 404 else "unreachable"
 
     def channels(self, kernel_id: str, session_id: str):
         """Open the kernel's WebSocket channels (a ``websocket.WebSocket``).

@@ -13,6 +13,13 @@ and hands each reply to the thread that asked. The host answers with whatever re
 (holding the answer up to :data:`HOLD_SECONDS` when none is), so calls made at once in a cell
 (threads, batches) travel together and never wait behind one outstanding request.
 
+Drops. Each request also lists the ids still waiting (``"waiting"``). The host dispatches a
+frame id once, ever, and keeps each reply until a later request no longer lists its id, sending
+it again while it does. After the host reopens a dropped WebSocket it sends one unsolicited
+``input_reply`` marked ``"nudge"``: a courier stuck on a request the drop lost is released by it
+and sends every unanswered frame again (the host skips the ones it has). So no call is lost and
+none is made twice; a reply that arrives twice is taken once.
+
 :class:`CourierSocket` gives :mod:`kernels.runtime` what it expects of a bridge connection
 (``connect``, ``sendall``, ``recv``, ``close``), so the runtime's own ``llm_query``, ``rlm``,
 tools, ``FINAL`` and their errors work unchanged; :func:`kernels.gateway.remote.bind` installs
@@ -50,6 +57,8 @@ class Courier:
         self._cv = threading.Condition()
         self._out: list[dict] = []
         self._waiting: dict[int, object] = {}
+        self._sent: dict[int, dict] = {}  # sent, not answered: sent again after a nudge
+        self._resend = False
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self.pid = os.getpid()
@@ -80,6 +89,7 @@ class Courier:
                 got = self._waiting.pop(n)
             except BaseException:  # interrupted: a late reply is dropped
                 self._waiting.pop(n, None)
+                self._sent.pop(n, None)
                 raise
         if isinstance(got, BaseException):
             raise got
@@ -91,22 +101,33 @@ class Courier:
                 while not self._out and not self._waiting:
                     self._cv.wait()
                 batch, self._out = self._out, []
+                for item in batch:
+                    self._sent[item["id"]] = item
+                if self._resend:  # the last request may have been lost in a drop
+                    batch = [v for k, v in self._sent.items() if k in self._waiting]
+                    self._resend = False
+                waiting = sorted(self._waiting)
             try:
-                value = self._raw(MARK + json.dumps({"frames": batch}))
-                replies = json.loads(value)["replies"]
+                value = self._raw(MARK + json.dumps({"frames": batch, "waiting": waiting}))
+                got = json.loads(value)
+                replies = got["replies"]
                 self.trips += 1
             except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
                 err = CourierError(f"the host did not answer on the stdin channel: "
                                    f"{type(exc).__name__}: {exc}")
                 with self._cv:
                     for k in list(self._waiting):
-                        self._waiting[k] = err
+                        if self._waiting[k] is None:
+                            self._waiting[k] = err
+                    self._sent.clear()
                     self._cv.notify_all()
                 continue
             with self._cv:
+                self._resend = bool(got.get("nudge"))
                 for r in replies:
-                    if isinstance(r, dict) and r.get("id") in self._waiting:
+                    if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:
                         self._waiting[r["id"]] = r.get("frame") or {}
+                        self._sent.pop(r["id"], None)
                 self._cv.notify_all()
 
 

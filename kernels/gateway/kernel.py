@@ -35,6 +35,9 @@ from kernels.outputs import CellOutput, take_message
 DEFAULT_KERNELSPEC = "rlm"
 #: Seconds a dropped WebSocket is retried before the kernel counts as gone.
 RECONNECT_SECONDS = 10.0
+#: Seconds of silence on a running cell's channels after which the gateway is asked whether
+#: the kernel is still there.
+PROBE_SECONDS = 2.0
 
 
 class _Dropped(Exception):
@@ -72,6 +75,7 @@ class GatewayKernel:
         self._closed = False
         self._dead = False
         self._owned: list[str] = []  # the host's temporary context files, removed at the end
+        self._last_input: dict | None = None  # the header of the last input_request seen
         #: WebSocket reconnections so far (int)
         self.reconnects = 0
 
@@ -258,14 +262,16 @@ class GatewayKernel:
         deadline = time.monotonic() + RECONNECT_SECONDS
         while not self._closed:
             kid = self.kernel_id
+            state = self.client.kernel_state(kid)  # quick: opening channels of a gone kernel
+            if state == "absent":                 # makes the gateway wait 10 s
+                self._dead = True
+                raise KernelDied("the Jupyter gateway no longer has this kernel (culled, or "
+                                 "ended by the gateway)")
             try:
+                if state != "present":
+                    raise GatewayError("it does not answer")
                 ws = self.client.channels(kid, self.session)
             except GatewayError as exc:
-                if exc.status == 404 or (exc.status == 0 and not self.client.exists(kid)
-                                         and self._gateway_up()):
-                    self._dead = True
-                    raise KernelDied("the Jupyter gateway no longer has this kernel (culled, "
-                                     "or ended by the gateway)") from None
                 if time.monotonic() > deadline:
                     self._dead = True
                     raise KernelDied(f"lost the Jupyter gateway at {self.client.url}: "
@@ -277,15 +283,21 @@ class GatewayKernel:
                     break
                 self._ws = ws
                 self.reconnects += 1
+            self._nudge()
             return
         raise KernelDied("kernel is not running")
 
-    def _gateway_up(self) -> bool:
+    def _nudge(self) -> None:
+        """After a reconnection: one unsolicited ``input_reply`` (``"nudge"``) with the replies
+        ready, which releases a courier whose request the drop lost (it then sends its
+        unanswered frames again); one that is not waiting drops it. Never raises."""
+        value = json.dumps({"replies": self.frames.replies(0.0), "nudge": True})
+        msg = message("input_reply", {"status": "ok", "value": value}, self.session, "stdin",
+                      parent=self._last_input)
         try:
-            self.client.request("GET", "/api", timeout=3)
-            return True
-        except GatewayError:
-            return False
+            self._ws.send(json.dumps(msg))
+        except Exception:  # noqa: BLE001 - dropped again: the next reconnection nudges
+            pass
 
     # execution -----------------------------------------------------------
     def execute(self, code: str, timeout: float | None = None,
@@ -310,12 +322,15 @@ class GatewayKernel:
         watch = _Watch(self, res, timeout, stop, grace, on_interrupt, extend, t0)
         idle = replied = False
         exprs: dict = {}
+        probe = _Probe(self)
         while not (idle and replied):
             m = self._recv(0.2)
             if m is None:
+                probe()
                 self._check_died(out)
                 watch()
                 continue
+            probe.heard()
             kind = m.get("header", {}).get("msg_type") or m.get("msg_type")
             if m.get("channel") == "stdin" and kind == "input_request":
                 self._answer_input(m)
@@ -358,10 +373,12 @@ class GatewayKernel:
         replies: list = []
         if prompt.startswith(MARK):
             try:
-                frames = json.loads(prompt[len(MARK):]).get("frames")
+                got = json.loads(prompt[len(MARK):])
+                frames, waiting = got.get("frames"), got.get("waiting")
             except (ValueError, AttributeError):
-                frames = []
-            self.frames.take(frames)
+                frames, waiting = [], None
+            self._last_input = m.get("header")
+            self.frames.take(frames, waiting)
             replies = self.frames.replies(HOLD_SECONDS)
         value = json.dumps({"replies": replies})
         reply = message("input_reply", {"status": "ok", "value": value}, self.session,
@@ -402,3 +419,33 @@ class _Watch:
             self.k.shutdown()
             raise KernelDied("the cell ignored the interrupt" + (
                 " after its timeout" if self.res.timed_out else ""))
+
+
+class _Probe:
+    """Asks the gateway whether the kernel is still there after :data:`PROBE_SECONDS` of
+    silence on its channels: a kernel the gateway culled or ended may send nothing more, and
+    a gateway that died may leave the socket open. Marks the kernel dead when the gateway
+    answers without it, or has not answered for :data:`RECONNECT_SECONDS`."""
+
+    def __init__(self, kernel: GatewayKernel) -> None:
+        self.k = kernel
+        self.last = self.asked = time.monotonic()
+        self.unreachable_since: float | None = None
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self.last < PROBE_SECONDS or now - self.asked < PROBE_SECONDS:
+            return
+        self.asked = now
+        state = self.k.client.kernel_state(self.k.kernel_id)
+        if state == "present":
+            self.unreachable_since = None
+            return
+        if state == "unreachable":
+            self.unreachable_since = self.unreachable_since or now
+            if now - self.unreachable_since < RECONNECT_SECONDS:
+                return
+        self.k._dead = True

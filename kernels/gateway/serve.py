@@ -17,7 +17,9 @@ dispatch as the Unix-socket bridge (:meth:`kernels.bridge.BridgeServer.dispatch`
 caps, the journal, replay and depth are the same.
 
 Each frame has an id, unique for the life of a kernel process; an id seen before is never
-dispatched again (a frame the gateway replays after a WebSocket drop is not a second call).
+dispatched again (a frame sent again after a WebSocket drop is not a second call), and a reply
+is kept until the kernel's next request no longer lists its id as waiting, then dropped; while
+it does, the reply is sent again (see :mod:`kernels.gateway.courier`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class FrameServer:
         self._cv = threading.Condition()
         self._seen: set[int] = set()
         self._ready: dict[int, dict] = {}
+        self._delivered: dict[int, dict] = {}  # handed out, kept until no longer waited for
         self._running = 0
         self.dispatched = 0
 
@@ -68,6 +71,7 @@ class FrameServer:
         with self._cv:
             self._seen.clear()
             self._ready.clear()
+            self._delivered.clear()
 
     @property
     def busy(self) -> bool:
@@ -75,8 +79,17 @@ class FrameServer:
         with self._cv:
             return bool(self._running or self._ready)
 
-    def take(self, frames: list) -> None:
-        """Start answering the frames of one ``input_request`` (``[{"id", "frame"}]``)."""
+    def take(self, frames: list, waiting: list | None = None) -> None:
+        """Start answering the frames of one ``input_request`` (``[{"id", "frame"}]``);
+        ``waiting``: the ids the kernel still waits for (replies handed out for other ids are
+        dropped, those for these ids are made ready again)."""
+        if isinstance(waiting, list):
+            want = {w for w in waiting if isinstance(w, int)}
+            with self._cv:
+                for k in list(self._delivered):
+                    reply = self._delivered.pop(k)
+                    if k in want:
+                        self._ready.setdefault(k, reply)
         for item in frames if isinstance(frames, list) else []:
             fid = item.get("id") if isinstance(item, dict) else None
             if not isinstance(fid, int):
@@ -108,6 +121,7 @@ class FrameServer:
             if not self._ready and self._running:
                 self._cv.wait(hold)
             out = [{"id": k, "frame": v} for k, v in self._ready.items()]
+            self._delivered.update(self._ready)
             self._ready.clear()
         return out
 
