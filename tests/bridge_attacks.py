@@ -50,7 +50,8 @@ s.close()
 print("DEEP " + json.dumps({"deep": first, "list": second, "after": llm_query("after deep")}))
 '''
 
-#: 2,000 connections held open at once: how many the host refused (and with what), whether a
+#: 2,000 connections opened at once (or as many as the kernel's descriptors allow), the ones
+#: the host refused closed, the rest held: how many the host refused (and with what), whether a
 #: new thread's call is refused while they are held, whether the held connection of the
 #: cell's own thread still works, and whether a new thread's call works once they are closed.
 #: ``llm_query("flooded")`` tells the scripted server the flood is in place; its answer can be
@@ -59,26 +60,32 @@ FLOOD = r'''
 import json, select, socket, threading
 from kernels.protocol import recv_message
 llm_query("before flood")  # this thread's own connection, opened before the flood
-socks, refused, message = [], 0, ""
+socks, refused, message, ran_out = [], 0, "", ""
 try:
     for _ in range(2000):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(__rlm_rt._CONF["socket"])
         socks.append(s)
-except OSError as exc:
-    message = "cell ran out: " + str(exc)
+except OSError as exc:  # the kernel's own descriptor limit, where it is under 2,000
+    ran_out = str(exc)
+opened = len(socks)
 poller = select.poll()
 for s in socks:
     poller.register(s, select.POLLIN)
 if socks:  # the host takes connections in order: once the last is answered, all are
     last = select.poll(); last.register(socks[-1], select.POLLIN); last.poll(10000)
 ready = {fd for fd, _ in poller.poll(0)}
+kept = []
 for s in socks:
-    if s.fileno() in ready:
+    if s.fileno() in ready:  # refused: read why, and give the descriptor back
         refused += 1
         s.settimeout(5)
         got = recv_message(s)
         message = message or (got or {}).get("error", {}).get("message", "")
+        s.close()
+    else:
+        kept.append(s)
+socks = kept
 def in_thread():
     box = []
     def go():
@@ -93,7 +100,8 @@ held = llm_query("flooded")
 for s in socks:
     s.close()
 import time; time.sleep(0.5)
-print("FLOOD " + json.dumps({"opened": len(socks), "refused": refused, "message": message,
+print("FLOOD " + json.dumps({"opened": opened, "refused": refused, "message": message,
+                             "ran_out": ran_out, "held_open": len(socks),
                              "during": during, "held": held, "after": in_thread()}))
 '''
 

@@ -163,7 +163,8 @@ def test_ten_tenants_are_answered_while_one_attacks_the_bridge(server):
     assert "frame cap of 64 MiB" in big["raw"]["error"]["message"]
     assert "frame cap of 64 MiB" in big["capped"] and big["after"] == "sub:after big"
     assert "nests too deeply" in deep["deep"]["error"]["message"]
-    assert flood["refused"] == flood["opened"] - 63 and flood["held"] == "held", flood
+    assert flood["refused"] == flood["opened"] - 63 and flood["held_open"] == 63, flood
+    assert flood["held"] == "held" and "cap per kernel (64)" in flood["during"], flood
     assert grew < RSS_BOUND, f"the server grew by {grew / 2**20:.0f} MiB"
     assert proc.poll() is None  # still serving
     assert os.path.exists(f"/proc/{proc.pid}")

@@ -381,6 +381,7 @@ def test_a_connection_flood_is_refused_past_the_kernels_share_and_another_run_go
     assert quiet["out"] == [f"B:b-{i}" for i in range(10)]
     assert got["opened"] >= 500, got  # as many as the cell could open (its descriptors)
     assert got["refused"] == got["opened"] - 63, got  # 64 per kernel: its own, and 63 more
+    assert got["held_open"] == 63, got
     assert "cap per kernel (64)" in got["message"], got
     assert got["during"].startswith("SubcallError: bridge refused the connection"), got
     assert got["held"] == "held" and got["after"] == "sub:from a thread", got
