@@ -101,8 +101,8 @@ Handler = Callable[[Registration, str, dict], Any]
 
 _REFUSED = ("bridge refused the request: this process is not the kernel "
             "that token was issued to")
-_STRANGER = ("bridge refused the connection: the connecting process is not one of this "
-             "host's kernels or a process they started")
+_STRANGER = ("bridge refused the connection: this process is not the kernel that a token "
+             "was issued to, nor a process such a kernel started")
 log = logging.getLogger("kernels.bridge")
 
 

@@ -184,7 +184,8 @@ def test_a_process_that_is_no_kernel_is_refused_with_nothing_read(bridge):
         with _conn(srv.path) as s:
             reply = _ask(s, reg.token)
         assert reply["closed"] is True
-        assert "not one of this host's kernels" in reply["error"]["message"]
+        assert "bridge refused the connection: this process is not the kernel" \
+            in reply["error"]["message"]
     finally:
         other.kill()
         other.wait()
