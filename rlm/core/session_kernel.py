@@ -20,7 +20,7 @@ from kernels.pool import KernelPool
 from kernels.protocol import add_context_code
 
 from rlm.context.load import LoadedContext, describe
-from rlm.errors import ContextError, KernelError
+from rlm.errors import ConfigError, ContextError, KernelError
 
 
 class CutOff(Exception):
@@ -54,7 +54,10 @@ class SessionKernel:
     """
 
     def __init__(self, context: LoadedContext) -> None:
-        self.bridge = BridgeServer(_serve)
+        try:
+            self.bridge = BridgeServer(_serve)
+        except ValueError as exc:  # RLM_BRIDGE_MAX_FRAME_MB (kernels.bridge_limits)
+            raise ConfigError(str(exc)) from None
         self.pool: KernelPool | None = None
         self.kernel: Kernel | None = None
         self.reg: Registration | None = None
