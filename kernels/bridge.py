@@ -13,12 +13,21 @@ kernel's end is :mod:`kernels.runtime`. The socket lives in a private directory
 (:func:`kernels.sandbox.kernel_identity`, a root host) that user's group may enter it
 and connect (mode 0710 and 0660), and the token and peer checks decide as always.
 
+A connection is judged before anything is read from it: the connecting process must be a
+registered kernel or descend from one (else it is refused), and that kernel and the host must
+have a connection to spare; a frame is read only when its announced length is under the frame
+cap and fits the kernel's share of held bytes. Everything refused is told why in one error
+reply, and the connection closed. The caps and the peer check are in
+:mod:`kernels.bridge_limits`; the accept loop outlives running out of descriptors.
+
 Every request is cleaned by the text policy of :mod:`harness.text` before the handler sees
 it (a lone surrogate a cell put in a prompt becomes U+FFFD), and a batched op whose
 ``prompts`` is not a list is refused (:func:`kernels.protocol.batch_args_error`).
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import secrets
 import shutil
@@ -26,12 +35,15 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from harness.text import clean
-from kernels.protocol import (ErrorKind, batch_args_error, encode_error, recv_message,
-                              reply_error, reply_ok, send_message)
+from kernels.bridge_limits import (FRAME_ENV, TALLY, BridgeLimits, PeerCheckError, mib, nesting_over,
+                                   peer_chain)
+from kernels.protocol import (ErrorKind, batch_args_error, decode_frame, encode_error,
+                              encode_frame, recv_body, recv_header, reply_error, reply_ok)
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -89,27 +101,40 @@ Handler = Callable[[Registration, str, dict], Any]
 
 _REFUSED = ("bridge refused the request: this process is not the kernel "
             "that token was issued to")
+_STRANGER = ("bridge refused the connection: this process is not the kernel that a token "
+             "was issued to, nor a process such a kernel started")
+log = logging.getLogger("kernels.bridge")
+
+
+def _error(message: str) -> dict:
+    return encode_error(ErrorKind.SUBCALL_ERROR, message)
 
 
 def _error_reply(exc: BaseException) -> dict:
     """An untyped host failure as the kernel sees it: a ``SubcallError`` reply."""
-    return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, f"{type(exc).__name__}: {exc}"))
+    return reply_error(_error(f"{type(exc).__name__}: {exc}"))
 
 
-def _ancestors(pid: int, stop: int, limit: int = 16) -> bool:
-    """True if ``stop`` is ``pid`` or one of its ancestors (reads /proc)."""
-    for _ in range(limit):
-        if pid == stop:
-            return True
-        if pid <= 1:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                data = f.read()
-            pid = int(data[data.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError):
-            return False
-    return False
+def _refuse(conn: socket.socket, message: str) -> None:
+    """Send ``message`` as a closing error reply (best effort, 1 s at most), then close."""
+    try:
+        conn.settimeout(1.0)
+        conn.sendall(encode_frame(reply_error(_error(message), closed=True)))
+    except OSError:
+        pass
+    _close(conn)
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
+#: Errors of ``accept`` that pass: out of descriptors or memory (for now), an aborted peer.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                        errno.ECONNABORTED, errno.EINTR, errno.EPROTO, errno.EPERM})
 
 
 def sweep_stale_dirs() -> int:
@@ -121,23 +146,30 @@ def sweep_stale_dirs() -> int:
 
 
 class BridgeServer:
-    """Serves kernel requests on a Unix socket, one thread per connection.
+    """Serves kernel requests on a Unix socket, one thread per admitted connection.
 
     Args:
         handler: the op dispatcher (see :data:`Handler`):
             ``handler(registration, op, args) -> JSON-able value``; raise
             :class:`BridgeError` for a typed error in the kernel. Any other
             exception becomes a ``SubcallError`` with its message.
+        limits: the caps (:class:`~kernels.bridge_limits.BridgeLimits`); default
+            :meth:`~kernels.bridge_limits.BridgeLimits.from_env`. Connections and held bytes
+            are counted over every bridge of the process (:data:`~kernels.bridge_limits.TALLY`).
 
     Attributes:
         path: filesystem path of the socket (str).
+        limits: the caps in force.
 
     Raises:
         OSError: the socket directory or the socket could not be created.
+        ValueError: ``RLM_BRIDGE_MAX_FRAME_MB`` is set but not a positive number.
     """
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, limits: BridgeLimits | None = None) -> None:
         self._handler = handler
+        self.limits = limits or BridgeLimits.from_env()
+        self._tally = TALLY
         sweep_stale_dirs()
         self._dir = tempfile.mkdtemp(prefix=f"rlm-bridge-{os.getpid()}-")
         os.chmod(self._dir, 0o700)
@@ -194,48 +226,143 @@ class BridgeServer:
 
     # serving -----------------------------------------------------------
     def _accept_loop(self) -> None:
+        """Accept connections until :meth:`close`; never ends otherwise. Out of descriptors
+        (or memory) the loop waits, from 10 ms up to 1 s, and tries again: the waiting
+        connections stay queued in the socket's backlog meanwhile."""
+        pause = 0.0
         while not self._closed:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name="rlm-bridge-conn").start()
+            except OSError as exc:
+                if self._closed:
+                    return
+                pause = min(1.0, max(0.01, pause * 2))
+                if exc.errno not in _TRANSIENT:
+                    log.debug("bridge accept failed: %s", exc)
+                time.sleep(pause)
+                continue
+            pause = 0.0
+            try:
+                self._admit(conn)
+            except Exception as exc:  # one connection never ends the loop
+                log.debug("bridge could not admit a connection: %s", exc)
+                _close(conn)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _owner_of(self, peer_pid: int) -> tuple[Registration | None, list[int]]:
+        """The registration whose kernel ``peer_pid`` is (or descends from), nearest first,
+        and the peer's chain of ancestors. Raises :class:`PeerCheckError`."""
+        chain = peer_chain(peer_pid)
+        with self._lock:
+            by_pid = {reg.pid: reg for reg in self._regs.values()}
+        for pid in chain:
+            if pid in by_pid:
+                return by_pid[pid], chain
+        return None, chain
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Decide on a new connection before reading anything from it: whose kernel it is
+        from (refused if none), and whether that kernel and the host have a connection to
+        spare (refused with the cap if not); then serve it on a thread of its own."""
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
         try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            peer_pid = _PEERCRED.unpack(creds)[0]
+            reg, chain = self._owner_of(_PEERCRED.unpack(creds)[0])
+        except PeerCheckError as exc:
+            _refuse(conn, f"bridge could not check the caller ({exc}); try again")
+            return
+        if reg is None:
+            _refuse(conn, _STRANGER)
+            return
+        refused = self._tally.admit(reg.token, self.limits)
+        if refused:
+            _refuse(conn, "bridge refused the connection: " + refused)
+            return
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            threading.Thread(target=self._serve, args=(conn, reg.token, chain), daemon=True,
+                             name="rlm-bridge-conn").start()
+        except RuntimeError:  # no thread to be had: this connection is refused, not lost
+            self._ended(conn, reg.token)
+            _refuse(conn, "bridge refused the connection: the host cannot start a thread "
+                          "for it now; try again shortly")
+
+    def _ended(self, conn: socket.socket, key: str) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+        self._tally.leave(key)
+
+    def _serve(self, conn: socket.socket, key: str, chain: list[int]) -> None:
+        """Serve one admitted connection's requests in turn until it closes. A frame is read
+        only when its announced length is under the frame cap and fits the kernel's share of
+        held bytes; otherwise the kernel is told why and the connection closed unread."""
+        try:
             verified: set = set()  # (token, kernel pid) this connection's peer passed
             while True:
+                n = recv_header(conn)
+                if n is None:
+                    return
+                refused = self._over_frame(n) or self._tally.hold(key, n, self.limits)
+                if refused:
+                    _refuse(conn, "bridge refused the request: " + refused)
+                    return
                 try:
-                    req = recv_message(conn)
-                except ValueError as exc:  # a whole frame, but not JSON: answer, keep serving
-                    reply = _error_reply(exc)
-                else:
-                    if req is None:
+                    body = recv_body(conn, n)
+                    if body is None:
                         return
-                    reply = self._dispatch(peer_pid, req, verified)
-                send_message(conn, reply)
+                    reply = self._answer(chain, body, verified)
+                    del body
+                    conn.sendall(self._encode(reply))
+                finally:
+                    self._tally.release(key, n)
         except OSError:
             return
+        except Exception as exc:  # never a traceback on the host's terminal
+            log.debug("bridge connection ended: %s: %s", type(exc).__name__, exc)
         finally:
-            with self._lock:
-                self._conns.discard(conn)
-            try:
-                conn.close()
-            except OSError:
-                pass
+            self._ended(conn, key)
+            _close(conn)
 
-    def _dispatch(self, peer_pid: int, req: Any, verified: set | None = None) -> dict:
+    def _over_frame(self, n: int) -> str | None:
+        cap = self.limits.max_frame
+        if n <= cap:
+            return None
+        return (f"the request is {mib(n)}, over the bridge's frame cap of {mib(cap)} (the "
+                f"host's {FRAME_ENV}); send less at once, e.g. split a context across "
+                "several calls")
+
+    @staticmethod
+    def _encode(reply: dict) -> bytes:
+        """``reply`` as a frame; a value that cannot be sent becomes an error reply."""
+        try:
+            return encode_frame(reply)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return encode_frame(_error_reply(exc))
+
+    def _answer(self, chain: list[int], body: bytes, verified: set) -> dict:
+        """The reply to one frame's body: an error for one that is not a JSON object or
+        nests too deeply, else :meth:`_dispatch`'s."""
+        try:
+            req = decode_frame(body)
+        except ValueError as exc:  # a whole frame, but not JSON: answer, keep serving
+            return _error_reply(exc)
+        if not isinstance(req, dict):
+            return reply_error(_error("bridge refused the request: it must be a JSON object "
+                                      f"{{\"token\", \"op\", \"args\"}}, not a "
+                                      f"{type(req).__name__}"))
+        if nesting_over(req, self.limits.nesting):
+            return reply_error(_error(
+                f"bridge refused the request: its JSON nests more than {self.limits.nesting} "
+                "levels deep; pass deeper data as JSON text (json.dumps) instead"))
+        return self._dispatch(chain, req, verified)
+
+    def _dispatch(self, chain: list[int], req: dict, verified: set | None = None) -> dict:
         """Authenticate one decoded request and run the handler; returns the reply dict.
 
-        ``verified`` (a set, one per connection) remembers the ``(token, kernel pid)`` pairs
-        whose peer check this connection's peer passed, so the check's ``/proc`` reads happen
-        once per connection, not once per request. The peer of a connection is fixed when it
-        connects, and a pair names one kernel process: a restarted kernel (new pid, see
+        ``chain`` is the connection's peer and its ancestors (read once, when it connected);
+        the request's token must name a registered kernel among them. ``verified`` (a set,
+        one per connection) remembers the ``(token, kernel pid)`` pairs that passed, so
+        a connection's later requests skip the check. The peer of a connection is fixed when
+        it connects, and a pair names one kernel process: a restarted kernel (new pid, see
         :meth:`update_pid`) is checked again, a revoked token is refused as before.
 
         Never raises: a refused request, a :class:`BridgeError` and any other
@@ -246,11 +373,11 @@ class BridgeServer:
             with self._lock:
                 reg = self._regs.get(token) if isinstance(token, str) else None
             if reg is None:
-                return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
+                return reply_error(_error(_REFUSED))
             key = (token, reg.pid)
             if verified is None or key not in verified:
-                if not _ancestors(peer_pid, reg.pid):
-                    return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
+                if reg.pid not in chain:
+                    return reply_error(_error(_REFUSED))
                 if verified is not None:
                     if len(verified) >= 8:
                         verified.clear()
@@ -258,7 +385,7 @@ class BridgeServer:
             op, args = clean(str(req.get("op"))), clean(req.get("args") or {})
             bad = batch_args_error(op, args) if isinstance(args, dict) else "args must be an object"
             if bad:
-                return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, bad))
+                return reply_error(_error(bad))
             value = self._handler(reg, op, args)
             return reply_ok(value)
         except BridgeError as exc:
@@ -286,9 +413,12 @@ class BridgeServer:
                 pass
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def dispatch(self, peer_pid: int, req: Any) -> dict:
-        """Authenticate one decoded request as coming from process ``peer_pid`` and run the
-        handler; returns the reply dict. For a channel other than this socket (a gateway
-        kernel's stdin channel, :mod:`kernels.gateway.serve`), which vouches for the peer
-        itself. Never raises."""
-        return self._dispatch(peer_pid, req)
+    def dispatch(self, peer_pid: int, body: bytes) -> dict:
+        """The reply to one request frame's body (JSON bytes) that came over a channel other
+        than this socket (a gateway kernel's stdin channel, :mod:`kernels.gateway.serve`),
+        which vouches for the peer itself: authenticated as coming from process ``peer_pid``,
+        under the same frame cap and nesting limit as a frame read here. Never raises."""
+        refused = self._over_frame(len(body))
+        if refused:
+            return reply_error(_error("bridge refused the request: " + refused))
+        return self._answer([peer_pid], body, set())

@@ -83,3 +83,24 @@ def install() -> None:
     """Put :func:`run` in place of ``asyncio.run`` (once; never raises)."""
     if not getattr(asyncio.run, _MARK, False):
         asyncio.run = run
+
+
+def called_with_literal() -> bool:
+    """True if the ``FINAL_VAR`` call in its caller's source line has a quoted argument
+    (``FINAL_VAR("answer")``, the habit of naming the variable): called by ``FINAL_VAR`` itself,
+    it reads the line two frames up; an unknown call site counts as quoted (the strict answer)."""
+    import inspect
+    import linecache
+    import re
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame and frame.f_back else None
+        if caller is None:
+            return True
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    finally:
+        del frame
+    m = re.search(r"FINAL_VAR\s*\(\s*([^)]*)", line or "")
+    if not m:
+        return True  # unknown call site: be strict
+    return m.group(1).lstrip()[:1] in ("'", '"')

@@ -19,7 +19,9 @@ Two channels make up the hop:
   - request: ``{"token": str, "op": Op.*, "args": dict}`` (:func:`request`); the args of
     each op are listed on :class:`Op`.
   - reply: ``{"ok": true, "value": any}`` (:func:`reply_ok`) or
-    ``{"ok": false, "error": error}`` (:func:`reply_error`).
+    ``{"ok": false, "error": error}`` (:func:`reply_error`), with ``"closed": true`` when the
+    host closes the connection after it (a refused connection, or a frame it would not read:
+    over the frame cap of :mod:`kernels.bridge_limits`, or past the kernel's share).
   - error: ``{"type": ErrorKind.*, "message": str, ...attributes}`` (:func:`encode_error`);
     the attributes of each kind are in :data:`ERROR_ATTRS`. The kernel turns it back into
     its exception with :func:`decode_error`.
@@ -36,8 +38,8 @@ from typing import Any, Mapping
 __all__ = [
     "BATCHED_OPS", "BOOT_CODE", "batch_args_error", "checked_value", "schema_dict", "ERROR_ATTRS", "FINAL_ANCHOR", "FINAL_EXPR", "FINAL_KEY", "RUNTIME_NAME",
     "SUBCALL_OPS", "TOOL_OPS", "ErrorKind", "Op", "bind_code", "boot_code", "decode_error",
-    "encode_error", "encode_frame", "final_value", "is_error_item", "item_error", "item_ok", "parse_final",
-    "recv_message", "reply_error", "reply_ok", "request", "send_message", "add_context_code",
+    "decode_frame", "encode_error", "encode_frame", "final_value", "is_error_item", "item_error", "item_ok", "parse_final",
+    "recv_body", "recv_header", "recv_message", "reply_error", "reply_ok", "request", "send_message", "add_context_code",
 ]
 
 
@@ -193,6 +195,32 @@ def _recv_exact(sock: Any, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def recv_header(sock: Any) -> int | None:
+    """Read one frame's 4-byte header: the announced length of its body (int, bytes), or None
+    if the peer closed the connection first. Reads nothing more. Raises OSError."""
+    head = _recv_exact(sock, _HEADER.size)
+    return None if head is None else _HEADER.unpack(head)[0]
+
+
+def recv_body(sock: Any, n: int) -> bytes | None:
+    """Read a frame's body of ``n`` bytes (the length :func:`recv_header` returned), or None
+    if the peer closed the connection first. Raises OSError."""
+    return _recv_exact(sock, n)
+
+
+def decode_frame(body: bytes) -> Any:
+    """A frame's body decoded from UTF-8 JSON.
+
+    Raises:
+        ValueError: it is not UTF-8 JSON, or it nests too deeply to decode (a
+            ``RecursionError`` in the decoder is reported as this, with the same meaning).
+    """
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("the frame's JSON nests too deeply to decode") from None
+
+
 def recv_message(sock: Any) -> Any:
     """Receive one frame written by :func:`send_message` and decode its JSON.
 
@@ -204,18 +232,17 @@ def recv_message(sock: Any) -> Any:
         the peer closed the connection before a whole frame arrived.
 
     Raises:
-        ValueError: the frame arrived whole but is not UTF-8 JSON (the stream is still
-            in sync: the next frame can be read).
+        ValueError: the frame arrived whole but is not UTF-8 JSON, or nests too deeply
+            (:func:`decode_frame`; the stream is still in sync: the next frame can be read).
         OSError: the socket failed.
     """
-    head = _recv_exact(sock, _HEADER.size)
-    if head is None:
+    n = recv_header(sock)
+    if n is None:
         return None
-    (n,) = _HEADER.unpack(head)
     body = _recv_exact(sock, n)
     if body is None:
         return None
-    return json.loads(body)
+    return decode_frame(body)
 
 
 # --------------------------------------------------------------------------- messages
@@ -237,9 +264,14 @@ def reply_ok(value: Any) -> dict:
     return {"ok": True, "value": value}
 
 
-def reply_error(error: dict) -> dict:
-    """A failed reply: ``{"ok": False, "error": error}``, ``error`` from :func:`encode_error`."""
-    return {"ok": False, "error": error}
+def reply_error(error: dict, closed: bool = False) -> dict:
+    """A failed reply: ``{"ok": False, "error": error}``, ``error`` from :func:`encode_error`.
+
+    ``closed``: the host closes the connection after this reply (it refused the connection,
+    or a frame it did not read): the reply then carries ``"closed": true`` and the kernel
+    opens a new connection for its next call.
+    """
+    return {"ok": False, "error": error, "closed": True} if closed else {"ok": False, "error": error}
 
 
 def item_ok(value: Any) -> dict:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from harness.text import clean_text
 from kernels.bundle import ContextChanged, load_context, read_text  # noqa: F401 (names kept)
 from kernels.chance import seed_kernel
-from kernels.idioms import install as install_idioms
+from kernels.idioms import called_with_literal, install as install_idioms
 from kernels.transcript import History
 from kernels.protocol import (FINAL_ANCHOR, RUNTIME_NAME, ErrorKind, Op, checked_value,
                               decode_error, encode_frame, final_value, is_error_item,
@@ -157,6 +157,10 @@ def _conf() -> dict:
     return _CONF
 
 
+class _Closed(Exception):
+    """The host's reply said it closed the connection (see ``reply_error(closed=True)``)."""
+
+
 def _call(op: str, **args):
     """Send one request to the host and wait for its reply; returns the reply's value.
 
@@ -166,19 +170,25 @@ def _call(op: str, **args):
     frame = encode_frame(request(_conf()["token"], op, args))
     sock = _connection()
     try:
-        sock.sendall(frame)
+        try:
+            sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the host refused the connection or the frame unread: its reply says why
         reply = recv_message(sock)
         if reply is None:
             raise ConnectionError("the host closed the bridge connection")
-    except BaseException:
-        # A half-read reply (e.g. KeyboardInterrupt at the cell timeout) would
-        # desynchronise the stream: drop this connection, the next call opens a new one.
+        if reply.get("closed"):
+            raise _Closed
+    except BaseException as exc:
+        # A half-read reply (e.g. KeyboardInterrupt at the cell timeout) would desynchronise
+        # the stream, and a closed one is gone: drop it, the next call opens a new one.
         _STATE.sock = None
         try:
             sock.close()
         except OSError:
             pass
-        raise
+        if not isinstance(exc, _Closed):
+            raise
     if reply.get("ok"):
         return reply.get("value")
     raise _decode_error(reply.get("error") or {})
@@ -309,31 +319,12 @@ def FINAL_VAR(name):
     key = name.strip().strip("'\"") if isinstance(name, str) else None
     if key is not None and key in ns:
         value = ns[key]
-    elif key is not None and key.isidentifier() and _called_with_literal():
+    elif key is not None and key.isidentifier() and called_with_literal():
         raise NameError(f"FINAL_VAR: no variable named {key!r}; create it first, "
                         "or call FINAL(value)")
     else:
         value = name
     return FINAL(value if isinstance(value, str) else str(value))
-
-
-def _called_with_literal() -> bool:
-    """True if the FINAL_VAR call in the caller's source line has a quoted argument."""
-    import inspect
-    import linecache
-    import re
-    frame = inspect.currentframe()
-    try:
-        caller = frame.f_back.f_back if frame and frame.f_back else None
-        if caller is None:
-            return True
-        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
-    finally:
-        del frame
-    m = re.search(r"FINAL_VAR\s*\(\s*([^)]*)", line or "")
-    if not m:
-        return True  # unknown call site: be strict
-    return m.group(1).lstrip()[:1] in ("'", '"')
 
 
 def SHOW_VARS():

@@ -375,7 +375,7 @@ class GatewayKernel:
             try:
                 got = json.loads(prompt[len(MARK):])
                 frames, waiting = got.get("frames"), got.get("waiting")
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 frames, waiting = [], None
             self._last_input = m.get("header")
             self.frames.take(frames, waiting)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import json
 import threading
 from typing import Any
 
@@ -33,6 +34,9 @@ from kernels.protocol import ErrorKind, encode_error, reply_error, reply_ok
 
 #: The pid a gateway kernel's bridge registration carries: no local process has it.
 GATEWAY_PID = -1
+#: Bytes of replies one ``input_reply`` carries at most (past the first reply): a gateway's
+#: WebSocket server refuses messages past its own limit (tornado's default: 10 MiB).
+MAX_REPLY_BYTES = 6 << 20
 
 _REFUSED = "bridge refused the request: that token was not issued to this kernel"
 
@@ -114,15 +118,20 @@ class FrameServer:
             self._cv.notify_all()
 
     def replies(self, hold: float) -> list:
-        """The replies ready now (``[{"id", "frame"}]``), waiting up to ``hold`` s for one when
-        none is ready but some frame is still being answered. They are handed out once: call
-        :meth:`put_back` if they could not be sent."""
+        """The replies ready now (``[{"id", "frame"}]``, up to :data:`MAX_REPLY_BYTES`), waiting
+        up to ``hold`` s for one when none is ready but some frame is still being answered.
+        Each is kept until the kernel no longer waits for it (see :meth:`take`)."""
         with self._cv:
             if not self._ready and self._running:
                 self._cv.wait(hold)
-            out = [{"id": k, "frame": v} for k, v in self._ready.items()]
-            self._delivered.update(self._ready)
-            self._ready.clear()
+            out, size = [], 0
+            for k in list(self._ready):
+                n = len(json.dumps(self._ready[k]))
+                if out and size + n > MAX_REPLY_BYTES:
+                    break  # the rest go with the next answer
+                out.append({"id": k, "frame": self._ready[k]})
+                self._delivered[k] = self._ready.pop(k)
+                size += n
         return out
 
     def put_back(self, replies: list) -> None:
@@ -142,7 +151,7 @@ class FrameServer:
             return reply_error(encode_error(ErrorKind.SUBCALL_ERROR, _REFUSED))
         if frame.get("op") == CONTEXT_OP:
             return self._chunk(frame.get("args") or {})
-        return bridge.dispatch(GATEWAY_PID, frame)
+        return bridge.dispatch(GATEWAY_PID, json.dumps(frame).encode())
 
     def _chunk(self, args: dict) -> dict:
         with self._cv:

@@ -253,7 +253,7 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
                 raise sources.not_found(v, f" (key {k!r})")
         return _bundle(items, f"a mapping of {len(items)} keys", enc, max_bytes, scratch_dir, {},
                        None)
-    if isinstance(source, Path) or (isinstance(source, str) and source == "-"):
+    if isinstance(source, Path) or (type(source) is str and source == "-"):
         loaded = _load_file(str(source), enc, is_json, scratch_dir, max_bytes)
         loaded.encoding = enc
         return loaded
@@ -289,6 +289,45 @@ def load_context(source: Any, *, encoding: str | None = None, is_json: bool | No
             raise ContextError("context is empty; give the text to work on")
         return _write_text(source, "<value>", scratch_dir)
     raise ContextError(f"context must be a str, list, dict or Path, not {type(source).__name__}")
+
+
+class Literal(str):
+    """A str that is its own context, whatever it looks like: ``"-"`` is not stdin, and a
+    path, a glob or a device name is text, never opened (:func:`load_value`)."""
+
+    __slots__ = ()
+
+
+def _no_paths(value: Any, depth: int = 0) -> bool:
+    """True if ``value`` (str, list, dict) holds no path object at any depth (JSON data)."""
+    if isinstance(value, os.PathLike):
+        return False
+    if depth > 200 or not isinstance(value, (list, dict)):
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return all(_no_paths(x, depth + 1) for x in items)
+
+
+def load_value(value: Any, *, scratch_dir: str | None = None,
+               max_bytes: int | None = None) -> LoadedContext:
+    """Load a context handed over as a value by someone who is not the host's user: a cell's
+    ``rlm(...)``/``rlm_batched(...)`` argument, a serve client's ``context`` or messages.
+
+    A str is the context's own text whatever it looks like (``"-"``, ``"/etc/passwd"``,
+    ``"/dev/zero"``, a FIFO's path, a glob); a list or dict is JSON data. Nothing here opens a
+    file, a device, a FIFO or standard input: only :func:`load_context`, given a ``Path`` or
+    ``"-"`` by the host's user, does.
+
+    Raises:
+        ContextError: the value is not a str, list or dict, holds a path object, is empty or
+            too big (as :func:`load_context`).
+    """
+    if isinstance(value, str):
+        return load_context(Literal(value), scratch_dir=scratch_dir, max_bytes=max_bytes)
+    if isinstance(value, (list, dict)) and _no_paths(value):
+        return load_context(value, scratch_dir=scratch_dir, max_bytes=max_bytes)
+    raise ContextError(f"a context passed as a value must be a str, a list or a JSON object, "
+                       f"not {type(value).__name__}")
 
 
 def _bundle(items: list, origin: str, enc: str, max_bytes, scratch_dir, ignored: dict,

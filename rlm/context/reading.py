@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlm.context import formats
+from rlm.context.walk import not_regular, open_regular
 from rlm.errors import ContextError
 
 #: The UTF-8 byte order mark.
@@ -93,43 +94,43 @@ def read_stdin(limit: int) -> Read:
 
 
 def read_file(path: str, limit: int) -> Read:
-    """Stat a file and refuse it (not there, a directory, over ``limit``), then read it: a
-    regular file in one buffer, checked unchanged since its size was taken; a device or a
-    pipe has no size: it is read up to the cap, and given up at once when its first bytes
-    are binary (/dev/zero, /dev/urandom). A symlink is read where it leads (the user named
-    it). On a root host started through sudo whose kernels run as another user, a regular
-    file the user who ran sudo may not read is refused (:func:`rlm.context.sources.confining_user`).
+    """Stat a file and refuse it (not there, a directory, not a regular file, over
+    ``limit``), then read it in one buffer, checked unchanged since its size was taken. A FIFO,
+    a device or a socket is refused before it is opened (a FIFO would block the host, a device
+    may never end): a stream is given on stdin (``--context -``). A symlink is read where it
+    leads (the user named it). On a root host started through sudo whose kernels run as
+    another user, a file the user who ran sudo may not read is refused
+    (:func:`rlm.context.sources.confining_user`).
 
     Raises:
-        ContextError: an empty path, a missing file, a directory, over ``limit``, a file
-            that cannot be read (or that the user who ran sudo may not read) or that changed
-            while it was read.
+        ContextError: an empty path, a missing file, a directory, a FIFO, device or socket,
+            over ``limit``, a file that cannot be read (or that the user who ran sudo may not
+            read) or that changed while it was read.
     """
     from rlm.context.sources import _too_big, confining_user, not_the_users, shown_path
     p = _existing_file(path)
-    inner, comp = formats.split_suffixes(p.name)
+    comp = formats.split_suffixes(p.name)[1]
     try:
         st = p.stat()
-        regular = stat.S_ISREG(st.st_mode)
-        user = confining_user() if regular else None
+        not_regular(st.st_mode, shown_path(path))
+        user = confining_user()
         if user is not None:
             from kernels.sandbox import _readable
             if not _readable(str(p), user, {}):
                 raise ContextError(f"context file {shown_path(path)} is "
                                    f"{not_the_users(user)}; run rlm as that user, or give "
                                    "a file it may read")
-        if regular and st.st_size > limit:
+        if st.st_size > limit:
             raise _too_big([(p.name, st.st_size)], limit, path)
-        early = not regular and not comp and not formats.format_of(inner).binary
-        with open(p, "rb") as f:
-            data = read_capped(f, limit, path, sized=regular, early=early)
-            stamp = stamp_of(os.fstat(f.fileno())) if regular else None
+        with open_regular(str(p), shown_path(path)) as f:
+            data = read_capped(f, limit, path, sized=True, early=False)
+            stamp = stamp_of(os.fstat(f.fileno()))
     except OSError as exc:
         raise ContextError(f"cannot read context file {path}: {exc.strerror}") from None
-    if regular and (stamp != stamp_of(st) or stamp[0] != len(data)):
+    if stamp != stamp_of(st) or stamp[0] != len(data):
         raise ContextError(f"context file {shown_path(path)} changed while it was read; run "
                            "again once nothing writes to it")
-    return Read(path, path, p.name, comp, data, regular, stamp)
+    return Read(path, path, p.name, comp, data, True, stamp)
 
 
 def _existing_file(path: str) -> Path:

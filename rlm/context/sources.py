@@ -49,6 +49,7 @@ from rlm.context.files import BlobWriter, naming, write_new
 from rlm.context.listing import _ignored_text, describe_files  # noqa: F401  (re-exported)
 from rlm.errors import ContextError
 
+from rlm.context.walk import open_regular
 from rlm.context.walk import (_CHUNK, _MAGIC, Bundle, DEFAULT_MAX_BYTES,  # noqa: F401
                              _kind, collect, confining_user, key_text, not_found,
                              not_the_users, shown_path)
@@ -115,7 +116,7 @@ def _scan_in_place(path: str) -> tuple[int, int, int, str] | None:
     dec = codecs.getincrementaldecoder("utf-8")()
     h = hashlib.sha256()
     chars = nbytes = 0
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO swapped in since the walk is never read
         first = f.read(_CHUNK)
         if formats.looks_binary(first) or formats._bom_encoding(first):
             return None
@@ -289,7 +290,7 @@ class _Builder:
             ContextError: it decompresses past the cap (naming the biggest contributors).
         """
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 data = f.read()
             return formats.convert(os.path.basename(path), data, key, self.enc,
                                    limit=self.limit - self.total, lenient=True)

@@ -79,6 +79,38 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
+def not_regular(mode: int, shown: str) -> None:
+    """Refuse a file whose mode (``st_mode``, links followed) is not a regular file's.
+
+    Raises:
+        ContextError: naming ``shown``, what it is, and what to give instead.
+    """
+    why = _kind(mode)
+    if why is not None:
+        raise ContextError(f"context file {shown} is {why}, not a regular file: a context is "
+                           "read from a file or a directory; to hand over a stream, pipe it "
+                           "into --context - (stdin)")
+
+
+def open_regular(path: str, shown: str | None = None):
+    """Open ``path`` for reading (binary) only if it is a regular file when opened: the open
+    itself cannot block (``O_NONBLOCK``: a FIFO swapped in after a check) and the opened file
+    is checked, so nothing but a regular file is ever read. Returns a file object.
+
+    Raises:
+        ContextError: it is not a regular file (:func:`not_regular`).
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        not_regular(os.fstat(fd).st_mode, shown or path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def _not_readable(full: str, w: _Walk, *, named: bool = False) -> str | None:
     """Why the file ``full`` met by a walk is not read, or None: a regular file inside the
     named roots (through a symlink too). ``named``: the user named this path itself (a

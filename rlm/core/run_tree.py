@@ -40,11 +40,12 @@ from harness.replay import Replay
 from harness.stages.tree import Kind, StageScope, StageTree
 from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
+from kernels.bridge_limits import BridgeLimits
 from kernels.kernel import Kernel
 from kernels.pool import pool_size_for
 
 from rlm.models.base import Completion, ModelClient, make_client
-from rlm.errors import EndpointError, RLMError
+from rlm.errors import ConfigError, EndpointError, RLMError
 from rlm.config.ahead import sandbox_of
 from rlm.config.options import Options
 from rlm.core.hooks import RunHooks
@@ -123,12 +124,16 @@ class RunTree:
         # the kernel a caller started ahead of the run (kernels.pool.head_start), if any: the
         # root takes it, so its cold start overlaps the host's set-up
         self.sandbox = sandbox_of(vars(options))
+        try:  # the host's bridge caps (RLM_BRIDGE_MAX_FRAME_MB), checked before any kernel
+            limits = BridgeLimits.from_env()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.sandbox_modes: set[str] = set()  # how the kernels it took ran
         # the root's and the children's kernels, where --kernels places them
         self.pool = make_pools(options, self.sandbox, pool_size, adopt_head)
         # a session's question: the session's bridge, so the token in its kernel stays valid
         self.session = hooks.session
-        self.bridge = hooks.session.bridge if hooks.session else BridgeServer(self._handle)
+        self.bridge = hooks.session.bridge if hooks.session else BridgeServer(self._handle, limits)
         # children run in max_concurrency slots; plain items on as many threads
         self.scheduler = Scheduler(slots=options.budget.max_concurrency,
                                    workers=options.budget.max_concurrency)

@@ -22,7 +22,7 @@ from kernels.provider import kernel_factory
 
 from rlm.context.load import LoadedContext, describe
 from rlm.core.placement import placement_of
-from rlm.errors import ContextError, KernelError
+from rlm.errors import ConfigError, ContextError, KernelError
 
 
 class CutOff(Exception):
@@ -56,7 +56,10 @@ class SessionKernel:
     """
 
     def __init__(self, context: LoadedContext) -> None:
-        self.bridge = BridgeServer(_serve)
+        try:
+            self.bridge = BridgeServer(_serve)
+        except ValueError as exc:  # RLM_BRIDGE_MAX_FRAME_MB (kernels.bridge_limits)
+            raise ConfigError(str(exc)) from None
         self.pool: KernelPool | None = None
         self.kernel: Kernel | None = None
         self.reg: Registration | None = None

@@ -35,7 +35,7 @@ from kernels.protocol import (BATCHED_OPS, SUBCALL_OPS, TOOL_OPS, ErrorKind, Op,
                               item_ok)
 
 from rlm.prompting import prompts
-from rlm.context.load import load_context
+from rlm.context.load import load_value
 from rlm.errors import ChildRLMError, RLMError
 from rlm.core import compaction
 from rlm.core.schema import AnswerCheck, checked_completion, to_json_schema
@@ -310,7 +310,7 @@ class Subcalls:
         run = self.run_tree
         with run.stage(existing=stage) as sc:
             try:
-                ctx = load_context(prompt)
+                ctx = load_value(prompt)  # a cell's value: never a path, never stdin
             except RLMError as exc:
                 raise ChildRLMError(f"child RLM not started: {exc}", "failed", str(exc)) from None
             child = self.start_child(run, sc.id, sc.level, ctx, query, stage.model, scope=scope,

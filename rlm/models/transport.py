@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from typing import Any
 from urllib.parse import quote
 
 from tenacity import wait_random_exponential
+
+from harness.redact import Redactor
 
 from rlm.errors import EndpointError
 from rlm.models.error_body import ErrorInReply, error_in_reply
@@ -118,6 +121,20 @@ def unreachable_error(exc: BaseException, base_url: str, attempts: int) -> Endpo
                          "running and --base-url is right")
 
 
+#: Names of the environment variables whose values are keys, for :func:`provider_secrets`.
+_KEY_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD)$", re.I)
+
+
+def provider_secrets(api_key: str | None, environ: Any = None) -> list[str]:
+    """What to take out of provider text (:class:`harness.redact.Redactor`): the key in use
+    and the values of the host's key variables (names ending in ``API_KEY``, ``TOKEN``,
+    ``SECRET``, ``PASSWORD``: ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``RLM_SERVE_API_KEY``
+    ...), each of 8 characters or more. Returns a list of str."""
+    env = os.environ if environ is None else environ
+    found = [api_key] + [v for k, v in env.items() if _KEY_NAME.search(k)]
+    return [s for s in found if isinstance(s, str) and len(s) >= 8]
+
+
 class SDKClient:
     """An HTTP model client over a provider's SDK, with bounded, jittered retries.
 
@@ -136,6 +153,7 @@ class SDKClient:
         self.base_url = base_url
         self.max_attempts = max(1, int(max_attempts))
         self._api_key = api_key or "EMPTY"
+        self._redactor = Redactor(provider_secrets(api_key))
         self._timeout = timeout
         self._client_obj = None
         self._hard_deadline = False  # the deadline network backend is in place
@@ -145,12 +163,29 @@ class SDKClient:
 
     # what a provider says ---------------------------------------------------------------
     def _redacted(self, err: BaseException) -> BaseException:
-        """``err`` with this client's API key taken out of its message: an upstream may echo
-        the key it was sent, and the message reaches journals, terminals and kernels."""
-        key = self._api_key
-        if key and key != "EMPTY" and len(key) >= 8 and key in str(err):
-            return type(err)(str(err).replace(key, "[redacted]"))
-        return err
+        """``err`` with keys taken out of its message (:meth:`_border` already did for what
+        came from the provider; this covers a message built from it afterwards)."""
+        msg = str(err)
+        clean = self._redactor.text(msg)
+        if clean == msg:
+            return err
+        try:
+            return type(err)(clean)
+        except TypeError:
+            return self._redactor.exception(err)
+
+    def _border(self, call):
+        """Run ``call()`` (one HTTP attempt) and return its reply's JSON with the keys taken
+        out; a failure is raised with the keys taken out of it (in place). The one place
+        provider text enters the host, so nothing after it (attempts in the journal, log
+        lines, exports, views, spans, kernels, serve responses) can hold a key: the key in
+        use, the host's key variables, their base64 (:func:`provider_secrets`), and in error
+        text anything shaped like a key (``sk-...``, ``Bearer ...``)."""
+        try:
+            body = call()
+        except Exception as exc:
+            raise self._redactor.exception(exc)
+        return self._redactor.value(body)
 
     def _sdk(self) -> Any:
         """The provider's SDK module, imported on first use (``import openai`` takes ~0.4 s
@@ -246,9 +281,9 @@ class SDKClient:
         def send(t: float | None):
             # the attempt's timeout as a request option: ``with_options`` would copy the
             # whole client (and its resource objects) on every attempt
-            body = self._create(self._client, kwargs if t is None else
-                                dict(kwargs, timeout=http_timeout(self._sdk(), t)), deadline,
-                                cancel)
+            body = self._border(lambda: self._create(
+                self._client, kwargs if t is None else
+                dict(kwargs, timeout=http_timeout(self._sdk(), t)), deadline, cancel))
             failed = error_in_reply(body)  # a 200 that says it failed is that failure
             if failed is not None:
                 raise failed

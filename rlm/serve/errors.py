@@ -6,14 +6,16 @@ a client or the log would read."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 from http import HTTPStatus
 from typing import Any
 
 from harness.budget.caps import CAP_BY_NAME
+from harness.redact import KEYLIKE, REDACTED  # noqa: F401 (REDACTED re-exported)
+from harness.redact import Redactor as BorderRedactor
 
 from rlm.errors import ConfigError, ContextError, EndpointError, RLMError
+from rlm.models.transport import provider_secrets
 
 
 class APIError(Exception):
@@ -37,26 +39,17 @@ class APIError(Exception):
 
 # --------------------------------------------------------------------------- secrets
 
-#: What looks like a credential in any text: an OpenAI/Anthropic-style key (``sk-...``,
-#: ``sk-ant-...``) or a bearer token.
-_KEYLIKE = re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_\-]{3,}"
-                      r"|\b(?i:bearer)\s+[^\s\"',;]+")
-#: The variables a key of the server may come from (the upstream's, its clients').
-_KEY_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RLM_SERVE_API_KEY")
-REDACTED = "[redacted]"
-
-
 class Redactor:
     """Takes secrets out of text: the server's own keys (``secrets``: its upstream key, its
-    clients' key, the keys of :data:`_KEY_VARS`; values under 6 characters and the
-    placeholder ``EMPTY`` are no secret) and anything that looks like a key (:data:`_KEYLIKE`).
-    :meth:`public` also takes out the upstream's URL and address (``urls``), for what a client
-    receives."""
+    clients' key, the values of the host's key variables, :func:`rlm.models.transport.
+    provider_secrets`), their base64, and anything that looks like a key: the one redaction of
+    :class:`harness.redact.Redactor`, which the model clients apply where provider text
+    enters. :meth:`public` also takes out the upstream's URL and address (``urls``), for what
+    a client receives."""
 
     def __init__(self, secrets: Any = (), urls: Any = ()) -> None:
-        found = set(secrets) | {os.environ.get(v) for v in _KEY_VARS}
-        self.secrets = sorted({s for s in found if isinstance(s, str) and len(s.strip()) >= 6
-                               and s != "EMPTY"}, key=len, reverse=True)
+        self._redact = BorderRedactor(list(secrets) + provider_secrets(None))
+        self.secrets = self._redact.secrets
         places: set[str] = set()
         for url in urls:
             if isinstance(url, str) and url:
@@ -71,10 +64,9 @@ class Redactor:
         self.places = sorted(places, key=len, reverse=True)
 
     def keys(self, text: str) -> str:
-        """``text`` with every secret and key-like token replaced by ``[redacted]``."""
-        for s in self.secrets:
-            text = text.replace(s, REDACTED)
-        return _KEYLIKE.sub(REDACTED, text)
+        """``text`` with every secret, its base64 and every key-like token replaced by
+        ``[redacted]``."""
+        return self._redact.text(text)
 
     def public(self, text: str) -> str:
         """``text`` as a client may see it: :meth:`keys`, and no upstream URL or address."""
@@ -108,7 +100,7 @@ def _token(value: Any) -> str | None:
     integer) that looks like no key, else None."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and _TOKEN.fullmatch(value) and not _KEYLIKE.search(value):
+    if isinstance(value, str) and _TOKEN.fullmatch(value) and not KEYLIKE.search(value):
         return value
     return None
 

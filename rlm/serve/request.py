@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from rlm.config.options import OPTION_NAMES, OPTIONS
 from rlm.config.validate import validate_options
+from rlm.context.load import Literal
 from rlm.errors import ConfigError
 from rlm.serve.errors import APIError
 
@@ -330,6 +331,8 @@ def parse_request(body: Any) -> ChatRequest:
     schema = _response_schema(body.get("response_format"))
     if schema is not None:
         opts["answer_schema"] = schema
+    # a client's text is its context whatever it looks like: "-" is not the server's stdin
+    context = Literal(context) if isinstance(context, str) else context
     return ChatRequest(context, query, opts, str(model or "rlm"), bool(stream),
                        answer_cap(body), where, session)
 

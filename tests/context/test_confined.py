@@ -23,6 +23,7 @@ import pytest
 import rlm
 from conftest import assert_clean_error, endpoint_args, repl, script
 from rlm.context.load import load_context
+from rlm.errors import ContextError
 
 OUTSIDE = "symlink to a path outside the named roots"
 SECRET = "TOPSECRET-credentials-4f1c"
@@ -145,19 +146,18 @@ def test_a_fifo_and_a_socket_in_the_tree_are_listed_and_the_load_does_not_hang(t
             else:
                 assert named["pipe-link"] == "a FIFO" and named["zero"] == OUTSIDE
             assert "a FIFO" in ctx.meta["listing"] and "a socket" in ctx.meta["listing"]
-    # a FIFO named alone keeps today's behaviour: read like a pipe (here, what a writer sent)
-    import threading
+    # a FIFO, a socket or a device named alone is refused before it is opened (a FIFO with
+    # no writer used to hang the host), naming what it is and what to give instead
     fifo = tmp_path / "alone"
     os.mkfifo(fifo)
-
-    def write():
-        with open(fifo, "w") as f:
-            f.write("sent down the pipe\n")
-    t = threading.Thread(target=write, daemon=True)
-    t.start()
-    with deadline(30):
-        assert _value(load_context(fifo)) == "sent down the pipe\n"
-    t.join(5)
+    with _socket_at(tmp_path / "alone.sock"):
+        for path, what in ((fifo, "a FIFO"), (tmp_path / "alone.sock", "a socket"),
+                           (Path("/dev/null"), "a device"), (Path("/dev/zero"), "a device"),
+                           (d / "pipe-link", "a FIFO")):
+            with deadline(30), pytest.raises(ContextError) as err:
+                load_context(path)
+            assert f"is {what}, not a regular file" in str(err.value), err.value
+            assert "--context -" in str(err.value)
 
 
 def test_an_inside_symlink_still_loads_and_nothing_is_dropped_silently(tmp_path):

@@ -101,11 +101,20 @@ def test_empty_stdin(refuse):
     assert_clean_error(refuse("-", input=""), 2, "empty", "stdin")
 
 
-@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
-def test_a_device_that_never_ends_is_refused_at_once(refuse, device):
-    # no size to check first: its first bytes are binary, so reading stops there (it used to
-    # read until memory ran out)
-    assert_clean_error(refuse(device), 2, "binary", device)
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/dev/null"])
+def test_a_device_is_refused_before_it_is_opened(refuse, device):
+    # a device has no size and may never end (/dev/zero was once read until memory ran out)
+    assert_clean_error(refuse(device), 2, f"{device} is a device, not a regular file",
+                       "--context -")
+
+
+def test_a_fifo_is_refused_up_front_not_waited_on(refuse, tmp_path):
+    # a FIFO with no writer blocked the host in open(); process substitution is one too
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    res = refuse(str(fifo))
+    assert_clean_error(res, 2, "is a FIFO, not a regular file", "pipe it into --context -")
+    assert res.seconds < 30
 
 
 def test_stdin_over_the_cap_is_refused_without_reading_it_all(refuse):
@@ -165,22 +174,12 @@ def test_context_from_stdin(cli, scripted):
     assert out == repr(data)
 
 
-def test_context_from_a_named_pipe(cli, scripted, tmp_path):
-    # a FIFO is read once, up to the cap, and its text handed over (never read in place)
-    import os
-    import threading
-    fifo = tmp_path / "pipe.txt"
-    os.mkfifo(fifo)
-    data = "through a named pipe\n" * 1000
-
-    def write():
-        with open(fifo, "w") as f:
-            f.write(data)
-    t = threading.Thread(target=write, daemon=True)
-    t.start()
+def test_a_stream_goes_through_stdin_not_a_named_pipe(cli, scripted, tmp_path):
+    # a FIFO named as --context is refused (test above); the same stream piped into
+    # --context - is read once, up to the cap, and its text handed over
+    data = "through a pipe\n" * 1000
     srv = scripted(script([repl("FINAL(repr(context))")]))
-    assert _run_ok(cli, srv, str(fifo)) == repr(data)
-    t.join(5)
+    assert _run_ok(cli, srv, "-", input=data) == repr(data)
 
 
 def test_utf8_bom_is_dropped(cli, scripted, tmp_path):
@@ -209,6 +208,38 @@ def test_load_context_values_and_paths(tmp_path):
     assert _load(["a", "b"]).value == ["a", "b"]
     assert _load({"k": [1]}).fmt == "json"
     assert _load(b"bytes ok").value == "bytes ok"
+
+
+def test_a_value_from_outside_is_never_a_path_or_stdin(tmp_path, monkeypatch):
+    """load_value (a cell's rlm() argument, a serve client's context): whatever a str looks
+    like, it is the text; nothing is opened (a FIFO would hang this test, stdin would leak)."""
+    import io
+    import sys
+    from rlm.context.load import Literal, load_value
+    from rlm.serve_request import parse_request
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"STDIN-SECRET\n")))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "a.txt").write_text("file text")
+    for text in ("-", "/etc/passwd", "/dev/zero", str(fifo), str(tmp_path / "*.txt"),
+                 str(tmp_path), "~/.netrc"):
+        ctx = load_value(text)
+        assert ctx.value == text and ctx.source == "<value>", (text, ctx.value)
+        ctx.discard()
+    data = load_value(["-", {"k": "/etc/passwd"}])
+    assert data.value == ["-", {"k": "/etc/passwd"}]
+    data.discard()
+    for bad in (Path("/etc/passwd"), [Path("/etc/passwd")], {"k": Path("x")}, b"-", 3):
+        with pytest.raises(ContextError, match="must be a str, a list or a JSON object"):
+            load_value(bad)
+    # serve: a client's context, given or taken from its messages, is a value too
+    for body in ({"messages": [{"role": "user", "content": "q"}], "context": "-"},
+                 {"messages": [{"role": "system", "content": "-"},
+                               {"role": "user", "content": "q"}]}):
+        req = parse_request(body)
+        assert isinstance(req.context, Literal)
+        assert _load(req.context).value == "-"
+    assert sys.stdin.read() == "STDIN-SECRET\n"  # nobody read it
 
 
 @pytest.mark.parametrize("value,needle", [("", "empty"), ("   \n", "empty"), (b"\x00\x01", "binary"),

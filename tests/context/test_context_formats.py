@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -101,21 +100,20 @@ def test_a_json_file_in_a_detected_encoding_reaches_the_kernel_through_a_scratch
     assert not ctx.owned and ctx.path == str(p) and kernel_load(ctx.path, ctx.fmt) == value
 
 
-def test_a_json_named_pipe_is_read_once_and_handed_over_in_a_scratch_file(tmp_path):
-    """A named pipe is drained by the host: the kernel gets its value in a file of ours
-    (pointed at the pipe it would wait for a writer that never comes)."""
-    fifo = tmp_path / "pipe.json"
-    os.mkfifo(fifo)
-
-    def write():
-        with open(fifo, "w") as f:
-            f.write('{"through": "a named pipe"}')
-    t = threading.Thread(target=write, daemon=True)
-    t.start()
-    ctx = load_context(fifo)
-    t.join(5)
+def test_json_on_stdin_is_read_once_and_handed_over_and_a_json_fifo_is_refused(tmp_path,
+                                                                               monkeypatch):
+    """A stream is drained by the host: the kernel gets its value in a file of ours. It comes
+    on stdin; a named pipe is refused before it is opened (with no writer it would block)."""
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"through": "stdin"}')))
+    ctx = load_context("-", is_json=True)
     try:
-        assert ctx.owned and ctx.path != str(fifo)
-        assert json.loads(Path(ctx.path).read_text()) == {"through": "a named pipe"}
+        assert ctx.owned
+        assert json.loads(Path(ctx.path).read_text()) == {"through": "stdin"}
     finally:
         ctx.discard()
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ContextError, match="is a FIFO, not a regular file"):
+        load_context(fifo)
