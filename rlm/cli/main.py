@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import importlib
 import logging
 import os
 import signal
@@ -172,10 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true")
     add_arguments(vf, "verify")
 
-    from rlm.cli.eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
-    add_eval_parser(sub)
-    from rlm.cli.chat import add_parser as add_chat_parser  # rlm chat: a session
-    add_chat_parser(sub)
+    # rlm eval (depth benchmarks), rlm chat (a session), rlm gateway-kernelspec
+    for mod in ("rlm.cli.eval", "rlm.cli.chat", "rlm.cli.gateway"):
+        importlib.import_module(mod).add_parser(sub)
     return parser
 
 
@@ -362,6 +362,11 @@ def _cmd_serve(args) -> int:
 def _cmd_chat(args) -> int:
     from rlm.cli.chat import cmd_chat
     return cmd_chat(args)
+
+
+def _cmd_gateway(args) -> int:
+    from rlm.cli.gateway import cmd
+    return cmd(args)
 
 
 def _cmd_eval(args) -> int:
@@ -555,7 +560,7 @@ def _main(argv: list[str]) -> int:
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
                 "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval,
-                "chat": _cmd_chat}
+                "chat": _cmd_chat, "gateway-kernelspec": _cmd_gateway}
     from rlm.cli.views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

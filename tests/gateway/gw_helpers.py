@@ -88,7 +88,7 @@ def start_gateway(port: int | None = None, token: str | None = None,
     os.chmod(home, 0o755)
     for d in ("work", "runtime", "data", "kernels-work", "cache"):
         os.makedirs(os.path.join(home, d))
-    subprocess.run([sys.executable, "-m", "kernels.gateway.kernelspec", "install", "--prefix",
+    subprocess.run([sys.executable, "-m", "rlm", "gateway-kernelspec", "install", "--prefix",
                     os.path.join(home, "pfx"), "--env", f"PYTHONPATH={REPO}",
                     "--cache", os.path.join(home, "cache")],
                    check=True, capture_output=True, cwd=REPO,
