@@ -8,12 +8,13 @@ hashing it, and refuses it if the sha256 differs. Several chunks are in flight a
 (:data:`IN_FLIGHT`), so a large context is not bound by one round trip per chunk.
 
 Where it is kept (see docs/remote-kernels.md): a sandboxed kernel can write only its own
-private ``/tmp``, so the file it pulls lives there, named by hash, and a second bind of the same
-context in that kernel (a session's restarted or added contexts) reads it from there. A cache
-shared by the kernels of one gateway host is the kernelspec launcher's
-(:mod:`kernels.gateway.kernelspec`): it mounts its cache read-only at
-``$RLM_CONTEXT_CACHE`` (checked first, the hash verified before use) and takes the files
-kernels pulled from ``$RLM_CONTEXT_INBOX`` into it, re-checking their hash, when they exit.
+directories, so the file it pulls lives there, named by hash (its private ``/tmp``, or the
+launcher's inbox, ``$RLM_CONTEXT_INBOX``, in its working directory), and a second bind of the
+same context in that kernel (a session's restarted or added contexts) reads it from there. A
+cache shared by the kernels of one gateway host is the kernelspec launcher's
+(:mod:`kernels.gateway.kernelspec`): it mounts its cache read-only at ``$RLM_CONTEXT_CACHE``
+(checked first, the hash verified before use) and takes the files kernels pulled into their
+inbox into it, re-checking their hash, when they exit.
 """
 from __future__ import annotations
 
@@ -72,7 +73,9 @@ def resolve(value: str, token: str) -> str:
     shared = os.environ.get("RLM_CONTEXT_CACHE")
     if shared and _verified(os.path.join(shared, sha), sha):
         return os.path.join(shared, sha)
-    here = os.path.join(tempfile.gettempdir(), "rlm-ctx")
+    # the launcher's inbox when there is one (it takes the file into the host's cache when the
+    # kernel exits), else the kernel's private temporary directory
+    here = os.environ.get("RLM_CONTEXT_INBOX") or os.path.join(tempfile.gettempdir(), "rlm-ctx")
     os.makedirs(here, exist_ok=True)
     dest = os.path.join(here, sha)
     if os.path.exists(dest):  # pulled, checked and renamed by this kernel before
@@ -82,7 +85,6 @@ def resolve(value: str, token: str) -> str:
         os.unlink(dest + ".part")
         raise ValueError("the context pulled from the host does not match its sha256: refused")
     os.replace(dest + ".part", dest)
-    _offer(dest, sha)
     return dest
 
 
@@ -121,15 +123,3 @@ def _pull(sha: str, size: int, token: str, part: str) -> None:
         t.join()
     if errors:
         raise errors[0]
-
-
-def _offer(path: str, sha: str) -> None:
-    """Link the checked file into ``$RLM_CONTEXT_INBOX`` (when the launcher gave one), where
-    the launcher takes it into the host's shared cache after checking its hash again."""
-    inbox = os.environ.get("RLM_CONTEXT_INBOX")
-    if not inbox:
-        return
-    try:
-        os.link(path, os.path.join(inbox, sha))
-    except OSError:
-        pass

@@ -36,24 +36,30 @@ from kernels.protocol import BOOT_CODE
 
 
 def kernel_json(name: str, sandbox: str, python: str, cache: str | None,
-                env: dict | None = None) -> dict:
+                env: dict | None = None, limits: dict | None = None) -> dict:
     """The kernelspec's ``kernel.json`` (dict); ``env``: variables the gateway sets for the
-    launcher (e.g. ``PYTHONPATH`` when the project is not installed in ``python``)."""
+    launcher (e.g. ``PYTHONPATH`` when the project is not installed in ``python``); ``limits``:
+    ``{"memory_mb", "processes", "disk_mb"}`` overriding the sandbox's defaults (ints)."""
     argv = [python, "-m", "kernels.gateway.kernelspec", "launch", "--sandbox", sandbox]
     if cache:
         argv += ["--cache", cache]
+    for key, value in sorted((limits or {}).items()):
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(int(value))]
     return {"argv": argv + ["{connection_file}"], "display_name": f"RLM kernel ({name})",
             "language": "python", "interrupt_mode": "message",
             "env": dict(env or {}), "metadata": {"rlm": {"sandbox": sandbox}}}
 
 
 def install(prefix: str | None = None, name: str = "rlm", sandbox: str = "bwrap",
-            python: str | None = None, cache: str | None = None, env: dict | None = None) -> str:
-    """Write the kernelspec; returns its directory. Raises OSError when it cannot be written."""
+            python: str | None = None, cache: str | None = None, env: dict | None = None,
+            limits: dict | None = None) -> str:
+    """Write the kernelspec (see :func:`kernel_json`); returns its directory. Raises OSError
+    when it cannot be written."""
     root = os.path.join(prefix or sys.prefix, "share", "jupyter", "kernels", name)
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "kernel.json"), "w", encoding="utf-8") as f:
-        json.dump(kernel_json(name, sandbox, python or sys.executable, cache, env), f, indent=1)
+        json.dump(kernel_json(name, sandbox, python or sys.executable, cache, env, limits), f, indent=1)
     return root
 
 
@@ -82,8 +88,10 @@ def _private_channels(info: dict, workdir: str) -> tuple[dict, list[str]]:
     return mine, links
 
 
-def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = None) -> int:
-    """Run one kernel for the gateway (see the module's text); returns its exit status."""
+def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = None,
+           limits: dict | None = None) -> int:
+    """Run one kernel for the gateway (see the module's text), with the sandbox's default
+    limits or ``limits`` (as :func:`kernel_json`); returns its exit status."""
     from kernels import sandbox as sb
     from kernels.bwrap import CTX_DIR, SANDBOX_HOME, SandboxSpec, bwrap_argv
     from kernels.launch import lifeline_fd
@@ -103,7 +111,7 @@ def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = Non
             fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 json.dump(info, f)
-            spec = SandboxSpec()
+            spec = _spec(SandboxSpec, limits or {})
             os.makedirs(os.path.join(workdir, CTX_DIR), exist_ok=True)
             inbox = os.path.join(workdir, "inbox")
             os.makedirs(inbox)
@@ -131,6 +139,14 @@ def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = Non
             except OSError:
                 pass
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _spec(cls, limits: dict):
+    """The sandbox spec with ``limits`` (the disk cap is also the file-size cap, as locally)."""
+    got = {k: int(v) for k, v in limits.items() if v is not None}
+    if "disk_mb" in got:
+        got["file_mb"] = got["disk_mb"]
+    return cls(**got)
 
 
 def _harvest(inbox: str, cache: str) -> None:
@@ -172,13 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("launch", help="(run by the gateway) start one kernel")
     run.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap")
     run.add_argument("--cache")
+    for r in (ins, run):
+        r.add_argument("--memory-mb", type=int, help="a kernel's address space, MiB")
+        r.add_argument("--processes", type=int, help="a kernel's processes and threads")
+        r.add_argument("--disk-mb", type=int, help="a kernel's /tmp and largest file, MiB")
     run.add_argument("connection_file")
     a = ap.parse_args(argv)
     if a.cmd == "install":
         env = dict(e.split("=", 1) for e in a.env if "=" in e)
-        print(install(a.prefix, a.name, a.sandbox, cache=a.cache, env=env))
+        print(install(a.prefix, a.name, a.sandbox, cache=a.cache, env=env, limits=_limits(a)))
         return 0
-    return launch(a.connection_file, a.sandbox, a.cache)
+    return launch(a.connection_file, a.sandbox, a.cache, _limits(a))
+
+
+def _limits(a) -> dict:
+    return {"memory_mb": a.memory_mb, "processes": a.processes, "disk_mb": a.disk_mb}
 
 
 if __name__ == "__main__":

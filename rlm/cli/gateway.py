@@ -27,6 +27,12 @@ def add_parser(sub: Any) -> None:
                      help="the host's context cache directory (default $RLM_GATEWAY_CACHE)")
     ins.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                      help="a variable the gateway sets for its kernels (repeatable)")
+    ins.add_argument("--memory-mb", type=int, metavar="MB",
+                     help="a kernel's address space, MiB (default 4096, as --kernel-memory)")
+    ins.add_argument("--processes", type=int, metavar="N",
+                     help="a kernel's processes and threads (default 1024)")
+    ins.add_argument("--disk-mb", type=int, metavar="MB",
+                     help="a kernel's /tmp and largest file, MiB (default 1024)")
 
 
 def cmd(args: Any) -> int:
@@ -37,7 +43,10 @@ def cmd(args: Any) -> int:
     from kernels.gateway.kernelspec import install
     env = dict(e.split("=", 1) for e in args.env if "=" in e)
     try:
-        print(install(args.prefix, args.name, args.sandbox, cache=args.cache, env=env))
+        limits = {"memory_mb": args.memory_mb, "processes": args.processes,
+                  "disk_mb": args.disk_mb}
+        print(install(args.prefix, args.name, args.sandbox, cache=args.cache, env=env,
+                      limits=limits))
     except OSError as exc:
         print(f"rlm: error: could not write the kernelspec: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """A real Jupyter Kernel Gateway for the gateway tests, as another user, with its own files.
 
-:func:`start_gateway` starts one; ``conftest.py`` here gives the session's as a fixture.
+:func:`start_gateway` starts one; the fixtures :func:`gateway` (one gateway per test module that
+imports it: a ``conftest.py`` here would take the name ``conftest`` from the suite's own) and
+:func:`on_gateway` give it to tests.
 
 The gateway runs as the user ``rlm-gw`` (created when missing) in a mount namespace of its own:
 a private ``/tmp`` and an empty home for root, so no file, Unix socket or hard link of the host's
@@ -25,6 +27,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 USER = "rlm-gw"
@@ -131,3 +135,21 @@ def start_gateway(port: int | None = None, token: str | None = None,
                        + Path(home, "gateway.log").read_text(errors="replace")[-2000:])
 
 
+@pytest.fixture(scope="module")
+def gateway():
+    """A gateway for the test module (see the module's text)."""
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    gw = start_gateway()
+    yield gw
+    gw.stop()
+    shutil.rmtree(gw.home, ignore_errors=True)
+
+
+@pytest.fixture
+def on_gateway(gateway, monkeypatch):
+    """Options that put every kernel of a run on the module's gateway (its token in the
+    environment, as a user sets it)."""
+    monkeypatch.setenv("JUPYTER_GATEWAY_AUTH_TOKEN", gateway.token)
+    return {"kernels": "gateway", "gateway_url": gateway.url}

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import rlm
-from gw_helpers import start_gateway, why_not
+from gw_helpers import gateway, start_gateway, why_not  # noqa: F401 (a fixture)
 from rlm.api import resume
 from scripted_server import ScriptedServer
 

@@ -6,11 +6,13 @@ refuses the token."""
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 
 import pytest
 
+from gw_helpers import gateway  # noqa: F401 (a fixture)
 from kernels.bridge import BridgeServer
 from kernels.gateway.client import GatewayClient, GatewayError
 from kernels.gateway.kernel import GatewayKernel
@@ -167,3 +169,34 @@ def test_a_gateway_that_is_down_or_refuses_the_token_says_so(gateway):
         GatewayKernel(GatewayClient(gateway.url, "wrong-token-123")).start()
     assert bad.value.status in (401, 403) and "wrong-token-123" not in str(bad.value)
     assert gateway.token not in str(bad.value)
+
+
+def test_a_context_on_the_gateway_host_already_is_not_sent_again(bound, gateway, tmp_path):
+    # the first kernel pulls it; when it exits, the launcher takes the checked file into the
+    # host's cache; a second kernel finds it there (read-only) and pulls nothing
+    text = "cached context " * 50_000
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    k1, _ = bound(Calls(), context=text)
+    k1.shutdown()
+    cached = os.path.join(gateway.home, "cache", sha)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(cached) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.path.exists(cached)
+    k2 = GatewayKernel(GatewayClient(gateway.url, gateway.token)).start()
+    b = BridgeServer(Calls())
+    try:
+        served = []
+        real = k2.frames._chunk
+        k2.frames._chunk = lambda args: served.append(args) or real(args)
+        reg = b.register(k2.pid, None)
+        path = tmp_path / "again.txt"
+        path.write_text(text)
+        res, _ = k2.execute(k2.bind_cell(b, reg.token, k2.share_file(str(path)), "text",
+                                         len(text.encode())) + "\nprint(len(context))",
+                            timeout=60)
+        assert res.error is None and res.output.strip().endswith(str(len(text))), res.output
+        assert served == []
+    finally:
+        k2.shutdown()
+        b.close()

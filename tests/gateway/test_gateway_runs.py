@@ -9,6 +9,7 @@ import json
 import pytest
 
 import rlm
+from gw_helpers import gateway, on_gateway  # noqa: F401 (fixtures)
 from rlm.api import replay
 from scripted_server import ScriptedServer
 
