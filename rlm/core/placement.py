@@ -21,7 +21,7 @@ def placement_of(options: Options) -> Placement:
         if placement.uses_gateway:
             kernel_factory(placement, 0 if placement.root == "gateway" else 1)
     except ValueError as exc:
-        raise ConfigError(f"--kernels: {exc}") from None
+        raise ConfigError(str(exc) if str(exc).startswith("--") else f"--kernels {exc}") from None
     return placement
 
 
