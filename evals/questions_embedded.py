@@ -194,7 +194,8 @@ def table(rows: list[dict]) -> str:
     """The results as a Markdown table, then totals per result and per kind."""
     out = ["| id | kind | result | seconds | answer |", "|---|---|---|---|---|"]
     for r in rows:
-        shown = (r["answer"] or r["reason"] or "").replace("\n", " ").replace("|", "/")[:60]
+        said = r["answer"] if r["status"] == "completed" else f"{r['status']}: {r['reason']}"
+        shown = str(said or "").replace("\n", " ").replace("|", "/")[:60]
         out.append(f"| {r['qid']} | {r['kind']} | {r['result']} | {r['seconds']:.1f} | "
                    f"{shown} |")
     right = sum(r["result"] == "right" for r in rows)
