@@ -13,9 +13,10 @@ The lookup (Example 1):
 
 1. find every match of the question's rare words (a word start with up to two more letters, so
    plurals match and "Dan" does not match "danger"); a word with no match counts for nothing;
-2. score each match by the words that also occur within 1,000 characters of it, each weighted
-   by 1/its number of matches (found by bisecting the sorted positions, so no weight is ever
-   1/0 and no window is searched again);
+2. score each match by the words that also occur in its 1,000-character block or the blocks
+   beside it, each weighted by 1/its number of matches (a word's blocks are a set made once, so
+   no weight is ever 1/0, no window is searched again, and the program imports nothing a
+   model could swap for the counting program's import);
 3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best places,
    for every part of the question in a few words from the text, or NONE;
 4. keep a reply only when it answers (:data:`KEEP_RULE`): not NONE, at most 30 words, every
@@ -38,26 +39,26 @@ KEEP_RULE = ("a reply is kept when it is not NONE, has at most 30 words, every o
 #: The lookup's start: the question, the words, the text, every match and each place's score.
 LOOKUP_FIND = r'''```repl
 import re
-from bisect import bisect_left
 question = """What colour is the door of the old lighthouse?"""
 words = ["lighthouse", "door", "colour"]
 {to_text}
-found = {{w: [m.start() for m in re.finditer(r"(?<!\w)" + re.escape(w.strip()) + r"\w{{0,2}}(?!\w)", text, re.IGNORECASE)] for w in words if w.strip()}}
+def find(word, s):
+    return [m.start() for m in re.finditer(r"(?<!\w)" + re.escape(word.strip()) + r"\w{{0,2}}(?!\w)", s, re.IGNORECASE)] if word.strip() else []
+found = {{w: find(w, text) for w in words}}
 print({{w: len(p) for w, p in found.items()}})
-def near(p, pos):
-    i = bisect_left(p, pos - 1000)
-    return i < len(p) and p[i] <= pos + 1000
+blocks = {{w: {{q // 1000 for q in p}} for w, p in found.items()}}
 places = []
-for w, p in found.items():
-    for pos in p:
-        places.append((sum(1 / len(q) for q in found.values() if near(q, pos)), pos))
+for w in words:
+    for pos in found[w]:
+        b = pos // 1000
+        places.append((sum(1 / len(found[v]) for v in found if blocks[v] & {{b - 1, b, b + 1}}), pos))
 places.sort(key=lambda p: -p[0])
 '''
 
 #: The lookup's end with sub-calls: ask about the best windows, keep a reply by
-#: :data:`KEEP_RULE`, FINAL it (or NOT FOUND).
-LOOKUP_ASK = r"""asked_words = set(re.findall(r"\w+", question.lower()))
-answer = None
+#: :data:`KEEP_RULE` (one rule a line: a model that copies a long condition drops a part of
+#: it), FINAL it (or NOT FOUND).
+LOOKUP_ASK = r"""answer = None
 asked = []
 for score, pos in places:
     if len(asked) == 4:
@@ -68,9 +69,12 @@ for score, pos in places:
     window = text[max(0, pos - 1500):pos + 1500]
     reply = llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer every part of the question in a few words from the text, or NONE if the text does not say.")
     reply = str(reply).strip().strip(".")
-    said = re.findall(r"\w+", reply.lower())
     print(pos, repr(reply))
-    if said and said[0] != "none" and len(said) <= 30 and set(said) <= set(re.findall(r"\w+", window.lower())) and set(said) - asked_words:
+    said = set(re.findall(r"\w+", reply.lower()))
+    kept = reply and not reply.upper().startswith("NONE") and len(reply.split()) <= 30
+    kept = kept and said <= set(re.findall(r"\w+", window.lower()))
+    kept = kept and said - set(re.findall(r"\w+", question.lower()))
+    if kept:
         answer = reply
         break
 if answer is None:
@@ -98,11 +102,13 @@ LOOKUP = LOOKUP_FIND + LOOKUP_ASK
 LOOKUP_NO_SUBCALLS = LOOKUP_FIND + LOOKUP_SHOW
 
 #: The case rule as the counting program reads it from the question: ``exact`` is true when
-#: the question asks for case and does not also say to ignore it.
-CASE_RULE = (r'exact = bool(re.search(r"case.sensitive|exact case|exactly as written|match(es|ing)? '
-             r'(the )?case|same case|capital|upper.?case|lower.?case", question, re.I)) and not '
-             r're.search(r"insensitive|not case|ignor\w* (the )?case|any (case|capital)|regardless of (case|capital)", '
-             r'question, re.I)')
+#: the question asks for case and does not also say to ignore it (two short statements, not
+#: one long condition: a copying model drops parts of long lines).
+CASE_RULE = (r'exact = re.search(r"case.sensitive|exact case|exactly as written|match(es|ing)? '
+             r'(the )?case|same case|capital|upper.?case|lower.?case", question, re.I)' "\n"
+             r'if re.search(r"insensitive|not case|ignor\w* (the )?case|any (case|capital)|'
+             r'regardless of (case|capital)", question, re.I):' "\n"
+             "    exact = None")
 
 #: The counting program (Example 2), the hint for most-common questions, and the context's
 #: metadata last, so everything before it is a fixed prefix llama.cpp's prompt cache reuses.
