@@ -145,3 +145,17 @@ def test_the_most_common_hint_runs_in_the_counting_program(api):
                  "What are the 3 most common words?", prompt="small")
     assert res.status == "completed", res.reason
     assert res.answer == "apple, pear, kiwi"
+
+
+def test_the_lookup_runs_with_the_counting_programs_head_in_place_of_its_own(api):
+    """Seen on the embedded model: the lookup copied with Example 2's imports in place of its
+    own head. The lookup needs no import but ``re``, so the blend still runs and answers."""
+    lookup = _copied(_program("Example 1. Question"), "What are the vault codes?",
+                     **{'["lighthouse", "door", "colour"]': '["vault", "codes"]'})
+    count_head = _program("Example 2. Question").split("question = ", 1)[0]
+    lookup_head = lookup.split("question = ", 1)[0]
+    code = count_head + lookup[len(lookup_head):]
+    res, _ = api(script([repl(*code.splitlines())], lambda req: Reply(content="7341-QX")),
+                 VAULT, "What are the vault codes?", prompt="small", max_depth=1)
+    assert res.status == "completed", res.reason
+    assert res.answer == "7341-QX"
