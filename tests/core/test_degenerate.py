@@ -91,3 +91,18 @@ def test_similar_replies():
     assert similar("a b c", " a  b\nc ")
     assert not similar("The door is blue.", "The door is red and the key is under the mat.")
     assert not similar(LOOP, "Something else entirely, " * 300)
+
+
+def test_a_replay_ends_where_the_run_ended_with_the_same_reason(api, tmp_path):
+    """The decision uses only what the journal records: a replay serves the three calls and
+    ends with the same status and reason, sending nothing."""
+    from rlm.api import replay
+    journal = tmp_path / "j.sqlite3"
+    cell = repl("x = {}['missing']")
+    res, srv = api(script([cell] * 12), "some text", "q?", max_iterations=10,
+                   journal=str(journal))
+    assert res.status == "failed" and "same failing code 3 times" in res.reason
+    sent = len(srv.requests)
+    again = replay(res.run_id, journal=str(journal), context="some text")
+    assert (again.status, again.reason, again.replayed_calls) == (res.status, res.reason, 3)
+    assert len(srv.requests) == sent
