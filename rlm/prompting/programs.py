@@ -18,12 +18,18 @@ The lookup (Example 1):
    no weight is ever 1/0, no window is searched again, and the program imports nothing a
    model could swap for the counting program's import);
 3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best places,
-   for every part of the question in a few words from the text, or NONE;
+   for "the answer only, or NONE if the text does not say" (the measured wording); a question
+   in two parts ("..., and why?") is asked without its second part here, because the 0.5B
+   answered NONE to two-part questions whenever the prompt offered NONE, even with the fact in
+   its window (every wording tried, 4 of 4);
 4. keep a reply only when it answers (:data:`KEEP_RULE`): not NONE, at most 30 words, every
    word found in its window (small sub-models invent plausible answers), and at least one word
    that is not in the question (a copied sentence made of the question's own words, or a reply
    that restates the question, is not an answer);
-5. call ``FINAL`` from code, "NOT FOUND" when no window gave a kept reply.
+5. for a two-part question, ask the kept window again for both parts, with no NONE offered
+   (the window holds the first part's answer, so invention is less likely), and take that
+   reply when it contains every word of the first (else the first stands);
+6. call ``FINAL`` from code, "NOT FOUND" when no window gave a kept reply.
 
 The count (Example 2) counts whole words or a phrase (any run of whitespace between the
 phrase's words, so a phrase broken over lines counts), ignoring case unless the question asks
@@ -58,7 +64,8 @@ places.sort(key=lambda p: -p[0])
 #: The lookup's end with sub-calls: ask about the best windows, keep a reply by
 #: :data:`KEEP_RULE` (one rule a line: a model that copies a long condition drops a part of
 #: it), FINAL it (or NOT FOUND).
-LOOKUP_ASK = r"""answer = None
+LOOKUP_ASK = r"""one = re.split(r",? and (?=why|when|where|who|what|which|how)", question)[0].rstrip("?, ") + "?"
+answer = None
 asked = []
 for score, pos in places:
     if len(asked) == 4:
@@ -67,13 +74,17 @@ for score, pos in places:
         continue
     asked.append(pos)
     window = text[max(0, pos - 1500):pos + 1500]
-    reply = llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer every part of the question in a few words from the text, or NONE if the text does not say.")
+    reply = llm_query("Text: " + window + "\n\nQuestion: " + one + "\nAnswer with the answer only, or NONE if the text does not say.")
     reply = str(reply).strip().strip(".")
     print(pos, repr(reply))
     said = set(re.findall(r"\w+", reply.lower()))
     kept = reply and not reply.upper().startswith("NONE") and len(reply.split()) <= 30
     kept = kept and said <= set(re.findall(r"\w+", window.lower()))
     kept = kept and said - set(re.findall(r"\w+", question.lower()))
+    if kept and one != question:
+        both = str(llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer both parts of the question.")).strip()
+        if said <= set(re.findall(r"\w+", both.lower())):
+            reply = both
     if kept:
         answer = reply
         break

@@ -78,24 +78,50 @@ def test_the_lookup_keeps_a_reply_only_when_it_answers(api, sub_reply, answer):
     assert len(sub_requests(srv)) == 1
 
 
-def test_the_lookup_asks_for_every_part_of_a_two_part_question(api):
-    """"Which supplier was dropped in 2019, and why?": the sub-call is asked for every part
-    (not "the answer only", which got half answers), and a two-part reply is kept."""
+@pytest.mark.parametrize("both,answer", [
+    ("Acme Corp, after repeated late deliveries of steel.",
+     "Acme Corp, after repeated late deliveries of steel."),
+    # a second reply that drops the first part's answer: the first stands
+    ("Because of late deliveries.", "Acme Corp")])
+def test_a_two_part_question_is_found_by_its_first_part_then_asked_whole(api, both, answer):
+    """"Which supplier was dropped in 2019, and why?": the 0.5B answered NONE to two-part
+    questions whenever NONE was offered, even with the fact in its window. The lookup finds
+    the window with the first part ("Which supplier was dropped in 2019?", NONE offered), then
+    asks that window for both parts; that reply replaces the first when it contains it."""
     question = "Which supplier was dropped in 2019, and why?"
     code = _copied(_program("Example 1. Question"), question,
                    **{'["lighthouse", "door", "colour"]': '["supplier", "dropped", "2019"]'})
     context = (FILLER + "In 2019 the company dropped its supplier Acme Corp after repeated late "
                "deliveries of steel. " + FILLER)
+    asked = []
 
     def sub(req):
-        assert "every part of the question" in last_user(req)
-        assert "answer only" not in last_user(req)
-        return Reply(content="Acme Corp, after repeated late deliveries of steel.")
+        asked.append(last_user(req).rsplit("Question: ", 1)[1])
+        return Reply(content="Acme Corp" if "NONE" in asked[-1] else both)
 
     res, _ = api(script([repl(*code.splitlines())], sub), context, question, prompt="small",
                  max_depth=1)
     assert res.status == "completed", res.reason
-    assert res.answer == "Acme Corp, after repeated late deliveries of steel"
+    assert asked == ["Which supplier was dropped in 2019?\nAnswer with the answer only, or NONE "
+                     "if the text does not say.",
+                     question + "\nAnswer both parts of the question."]
+    assert res.answer == answer
+
+
+def test_a_one_part_question_is_asked_once_with_none_offered(api):
+    code = _copied(_program("Example 1. Question"), "What are the vault codes?",
+                   **{'["lighthouse", "door", "colour"]': '["vault", "codes"]'})
+    asked = []
+
+    def sub(req):
+        asked.append(last_user(req).rsplit("Question: ", 1)[1])
+        return Reply(content="7341-QX")
+
+    res, _ = api(script([repl(*code.splitlines())], sub), VAULT, "What are the vault codes?",
+                 prompt="small", max_depth=1)
+    assert res.answer == "7341-QX"
+    assert asked == ["What are the vault codes?\nAnswer with the answer only, or NONE if the "
+                     "text does not say."]
 
 
 CASE_TEXT = ("A vault. The vault, the Vault! vaults and vaulted rooms; VAULT and vault. "
