@@ -26,9 +26,11 @@ The lookup (Example 1):
    word found in its window (small sub-models invent plausible answers), and at least one word
    that is not in the question (a copied sentence made of the question's own words, or a reply
    that restates the question, is not an answer);
-5. for a two-part question, ask the kept window again for both parts, with no NONE offered
-   (the window holds the first part's answer, so invention is less likely), and take that
-   reply when it contains every word of the first (else the first stands);
+5. for a two-part question, ask the kept window again for both parts "in one sentence that
+   starts with" the first reply, with no NONE offered (the window holds the first part's
+   answer, so invention is less likely; asked only "Answer both parts of the question", the
+   0.5B gave the first part alone, 1 of 2 times), and take that reply when it contains every
+   word of the first (else the first stands);
 6. call ``FINAL`` from code, "NOT FOUND" when no window gave a kept reply.
 
 The count (Example 2) counts whole words or a phrase (any run of whitespace between the
@@ -82,7 +84,7 @@ for score, pos in places:
     kept = kept and said <= set(re.findall(r"\w+", window.lower()))
     kept = kept and said - set(re.findall(r"\w+", question.lower()))
     if kept and one != question:
-        both = str(llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer both parts of the question.")).strip()
+        both = str(llm_query("Text: " + window + "\n\nQuestion: " + question + "\nAnswer both parts of the question in one sentence that starts with \"" + reply + "\".")).strip()
         if said <= set(re.findall(r"\w+", both.lower())):
             reply = both
     if kept:

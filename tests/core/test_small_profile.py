@@ -104,7 +104,8 @@ def test_a_two_part_question_is_found_by_its_first_part_then_asked_whole(api, bo
     assert res.status == "completed", res.reason
     assert asked == ["Which supplier was dropped in 2019?\nAnswer with the answer only, or NONE "
                      "if the text does not say.",
-                     question + "\nAnswer both parts of the question."]
+                     question + "\nAnswer both parts of the question in one sentence that "
+                     'starts with "Acme Corp".']
     assert res.answer == answer
 
 
