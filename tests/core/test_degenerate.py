@@ -106,3 +106,15 @@ def test_a_replay_ends_where_the_run_ended_with_the_same_reason(api, tmp_path):
     again = replay(res.run_id, journal=str(journal), context="some text")
     assert (again.status, again.reason, again.replayed_calls) == (res.status, res.reason, 3)
     assert len(srv.requests) == sent
+
+
+def test_the_cli_exits_7_and_says_what_repeated(cli, scripted, tmp_path):
+    from conftest import endpoint_args
+    ctx = tmp_path / "ctx.txt"
+    ctx.write_text("some text")
+    srv = scripted(script([_cut(LOOP)] * 12))
+    res = cli("run", "--context", str(ctx), "--query", "q", "--max-iterations", "10",
+              "--no-journal", *endpoint_args(srv))
+    assert res.rc == 7, res.stderr
+    assert "same reply 3 times in a row" in res.stderr and "Traceback" not in res.stderr
+    assert srv.count == 3
