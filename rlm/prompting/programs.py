@@ -21,7 +21,7 @@ The lookup (Example 1):
    for "the answer only, or NONE if the text does not say" (the measured wording); a question
    in two parts ("..., and why?") is asked without its second part here, because the 0.5B
    answered NONE to two-part questions whenever the prompt offered NONE, even with the fact in
-   its window (every wording tried, 4 of 4);
+   its window (2 of 2 questions, each with 7 wordings that offered NONE);
 4. keep a reply only when it answers (:data:`KEEP_RULE`): not NONE, at most 30 words, every
    word found in its window (small sub-models invent plausible answers), and at least one word
    that is not in the question (a copied sentence made of the question's own words, or a reply
