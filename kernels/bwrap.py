@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["CTX_DIR", "box_file", "box_bundle", "MODES", "ETC_FILES", "SandboxSpec", "SandboxUnavailable", "bwrap_argv",
-           "sandbox_problem", "resolve_mode", "SANDBOX_HOME", "ENV_VAR"]
+           "sandbox_problem", "resolve_mode", "SANDBOX_HOME", "SANDBOX_SOCKETS", "ENV_VAR"]
 
 log = logging.getLogger("kernels.sandbox")
 
@@ -54,6 +54,9 @@ MODES = ("auto", "required", "none")
 ENV_VAR = "RLM_SANDBOX"
 #: The kernel's home and the working directory of its cells, inside the sandbox.
 SANDBOX_HOME = "/tmp/home"
+#: Where a sandboxed kernel's Jupyter sockets are (``{this}-1`` ... ``-5``), in its private
+#: ``/tmp``; the host reaches them through ``/proc/<supervisor>/root``.
+SANDBOX_SOCKETS = "/tmp/.rlm-k"
 #: The files of ``/etc`` a kernel sees (read-only; each only if the host has it).
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "passwd", "group", "nsswitch.conf",
              "mime.types")
@@ -80,6 +83,8 @@ class SandboxSpec:
         processes: processes and threads (default 1024).
         disk_mb: size of the private ``/tmp`` and home (MiB; default 1024).
         file_mb: largest file the kernel may write (MiB; default 1024).
+        cpu_weight: the kernel's CPU share where it has a control group (1-10000; 100 is one
+            ordinary share, however many processes the kernel runs).
         seed: the seed of the kernel's chance, sandboxed or not: its hash seed, and
             :mod:`random` and NumPy (:mod:`kernels.chance`); the run's ``kernel_seed``.
     """
@@ -90,6 +95,7 @@ class SandboxSpec:
     processes: int = 1024
     disk_mb: int = 1024
     file_mb: int = 1024
+    cpu_weight: int = 100
     seed: int = 0
 
     def requested(self) -> str:
@@ -244,7 +250,7 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]
     for d in _ancestors(workdir):  # open, in the private /tmp: the host's may be 0700 (pytest's)
         if d not in parents and d != "/tmp":
             args += ["--perms", "0755", "--dir", d]
-    args += ["--dir", SANDBOX_HOME, "--bind", workdir, workdir,
+    args += ["--dir", SANDBOX_HOME, "--ro-bind", workdir, workdir,
              "--ro-bind", os.path.join(workdir, CTX_DIR), os.path.join(workdir, CTX_DIR),
              "--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", "/tmp",
              "--chdir", SANDBOX_HOME, "--"]

@@ -37,61 +37,17 @@ from typing import Callable
 
 from harness.text import clean_text
 from kernels import sandbox
-from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SandboxSpec, box_bundle, box_file, bwrap_argv,
-                           resolve_mode)
+from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SANDBOX_SOCKETS, SandboxSpec, box_bundle,
+                           box_file, bwrap_argv, resolve_mode)
 from kernels.chance import chance_env
+from kernels.gate import StartGate
+from kernels.limits import ERRFILE, KernelLimits
 from kernels.launch import Launched, connection_info, launch, lifeline_fd
 from kernels.outputs import CellOutput, take_message
 from kernels.protocol import BOOT_CODE
 from kernels.process import (end_kernel, kill_kernel, process_of, reap, stop_kernel,
                              sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
 from kernels.secrets import kernel_env
-
-
-class StartGate:
-    """Bounds how many kernels of this process start at once.
-
-    A cold start is CPU-bound (the new kernel imports ipykernel): more starts at once than the
-    machine has cores only slow every one of them down. :meth:`Kernel.start` holds a place from
-    launching the process until the kernel answers.
-
-    Args:
-        limit: starts at once (int >= 1); default ``os.cpu_count()`` (at least 1).
-
-    Attributes:
-        active: starts in progress now (int). peak: the most ever in progress at once (int).
-    """
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = max(1, int(limit if limit is not None else (os.cpu_count() or 1)))
-        self.active = 0
-        self.peak = 0
-        self._cv = threading.Condition()
-
-    def enter(self, wait: bool = True) -> bool:
-        """Take a place (waiting for one when ``wait``); returns whether it got one. The place
-        may be given back by another thread (:meth:`leave`)."""
-        with self._cv:
-            while self.active >= self.limit:
-                if not wait:
-                    return False
-                self._cv.wait()
-            self.active += 1
-            self.peak = max(self.peak, self.active)
-        return True
-
-    def leave(self) -> None:
-        """Give a place back."""
-        with self._cv:
-            self.active -= 1
-            self._cv.notify()
-
-    def __enter__(self) -> "StartGate":
-        self.enter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.leave()
 
 
 #: The process-wide gate every kernel start passes (see :class:`StartGate`).
@@ -200,21 +156,44 @@ class Kernel:
                 self.workdir = tempfile.mkdtemp(prefix=f"rlm-k-{os.getpid()}-")
         self.identity = sandbox.kernel_identity()
         self.sandbox_mode = resolve_mode(self.spec)
-        argv = self._argv(os.path.join(self.workdir, "kernel.json"))
         self.tag = secrets.token_hex(8)
+        boxed = self.sandbox_mode == "bwrap"
+        # a sandboxed kernel's whole-kernel limits, and the file its start error goes to
+        limits = KernelLimits(self.spec, self.tag, self.workdir) if boxed else None
+        try:
+            km = self._spawn(limits)
+        except BaseException:
+            if limits is not None:
+                limits.close()
+            raise
+        return km
+
+    def _spawn(self, limits: KernelLimits | None) -> Launched:
+        conn = os.path.join(self.workdir, "kernel.json")
+        argv = self._argv(conn, limits)
+        gid = self.identity.gid if limits is not None and self.identity is not None else None
+        if gid is not None:  # the kernel's user reads its directory through its group only
+            os.chown(self.workdir, -1, gid)
+            os.chmod(self.workdir, 0o750)
         with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting")
-            km = launch(argv, connection_file=os.path.join(self.workdir, "kernel.json"),
-                        info=connection_info(os.path.join(self.workdir, ".k")),
+            # in the sandbox the kernel's sockets are in its own /tmp (its working directory
+            # here is read-only to it): the host reaches them through its root
+            km = launch(argv, connection_file=conn,
+                        info=connection_info(SANDBOX_SOCKETS if limits is not None
+                                             else os.path.join(self.workdir, ".k")),
                         env=kernel_env({sandbox.TAG_VAR: self.tag,
                                         **chance_env(self.spec.seed)}), cwd=self.workdir,
-                        quiet=not os.environ.get("RLM_DEBUG"),
-                        sandboxed=self.sandbox_mode == "bwrap")
+                        quiet=not os.environ.get("RLM_DEBUG"), sandboxed=limits is not None,
+                        pass_fds=limits.fds() if limits is not None else (), group=gid)
+            if limits is not None:
+                limits.started()
+                km.limits = limits
             self._launched = km  # from now on shutdown() ends the process at once
         return km
 
-    def _argv(self, connection_file: str) -> list[str]:
+    def _argv(self, connection_file: str, limits: KernelLimits | None) -> list[str]:
         """The kernel's command line: ipykernel under the supervisor, in the sandbox when
         :attr:`sandbox_mode` is ``"bwrap"`` (its read-only ``ctx`` directory made first)."""
         argv = [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
@@ -227,7 +206,8 @@ class Kernel:
                                        ident=self.identity, own_dir=self._own_dir,
                                        limits=self.spec.rlimits() if boxed else None,
                                        home=SANDBOX_HOME if boxed else None,
-                                       lifeline=lifeline_fd() if boxed else None)
+                                       lifeline=lifeline_fd() if boxed else None,
+                                       fds=limits and (limits.cgroup_fds, limits.errfd))
         if not boxed:
             return argv
         os.makedirs(os.path.join(self.workdir, CTX_DIR), exist_ok=True)
@@ -235,7 +215,13 @@ class Kernel:
 
     def _ready(self, km: Launched) -> "Kernel":
         """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
-        kc = km.blocking_client()
+        try:
+            kc = km.blocking_client()
+        except RuntimeError as exc:  # its processes ended before it could be reached
+            stop_kernel(km, self.tag)
+            if self._closed:
+                raise RuntimeError("kernel was shut down while starting") from None
+            raise RuntimeError(self._start_failure("died" in str(exc))) from None
         kc.start_channels()
         try:
             wait_for_ready(km, kc, self.start_timeout)
@@ -275,7 +261,7 @@ class Kernel:
 
     def _start_error(self) -> str:
         try:
-            with open(os.path.join(self.workdir, ".supervisor-error"), encoding="utf-8",
+            with open(os.path.join(self.workdir, ERRFILE), encoding="utf-8",
                       errors="replace") as f:
                 return f.read().strip()
         except OSError:
@@ -453,6 +439,7 @@ class Kernel:
                 except OSError:
                     pass
             reap(proc)
+            km.close_limits()
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
             if own:
@@ -565,7 +552,10 @@ class Kernel:
 
     def _died_text(self, out: CellOutput) -> str:
         tail = out.tail(500)
-        return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
+        km = self.km
+        why = km.limits.verdict() if km is not None and km.limits is not None else ""
+        return ("the kernel process died during the cell" + (f": {why}" if why else "")
+                + (f"; last output: {tail}" if tail else ""))
 
 
 def _shell_reply(kc, msg_id: str, out: CellOutput, res: CellResult) -> dict:

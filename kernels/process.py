@@ -63,6 +63,7 @@ def stop_kernel(km: Launched, tag: str) -> None:
     proc = process_of(km)
     if proc is not None:
         reap(proc)
+    km.close_limits()
     km.cleanup_resources()
 
 
@@ -172,6 +173,8 @@ def sweep_stale_kernel_dirs() -> int:
     if _swept == [os.getpid()]:
         return 0
     _swept[:] = [os.getpid()]
+    from kernels import cgroups  # the control groups of those hosts' kernels too
+    cgroups.sweep_stale()
     return remove_dirs_of_gone_hosts("rlm-k-", {os.getuid(), _kernel_uid()})
 
 

@@ -184,7 +184,8 @@ _PLANS: dict[Identity, list] = {}
 def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
                     ident: Identity | None, own_dir: bool = False,
                     limits: dict[str, int] | None = None, home: str | None = None,
-                    lifeline: int | None = None) -> list[str]:
+                    lifeline: int | None = None,
+                    fds: "tuple[list[int], int] | None" = None) -> list[str]:
     """``argv`` (a kernel command line) wrapped to run under :mod:`kernels.supervisor`.
 
     Args:
@@ -201,6 +202,10 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
         home: the kernel's home and working directory inside the sandbox.
         lifeline: in a sandbox, the file descriptor the supervisor inherits whose end-of-file
             says the host is gone (:func:`kernels.launch.lifeline_fd`).
+        fds: in a sandbox, ``(cgroup.procs descriptors, start-error descriptor)`` the
+            supervisor inherits (:class:`kernels.limits.KernelLimits`): it joins the kernel's
+            control groups through the first, and reports a failed start through the second
+            (the working directory is read-only in the sandbox).
     """
     conf: dict = {"errfile": os.path.join(workdir, ".supervisor-error"),
                   "own_dir": workdir if own_dir else None,
@@ -209,10 +214,13 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
     sandboxed = limits is not None
     if sandboxed:  # the host is not visible in the sandbox: watch bubblewrap, which dies with it
         conf.update(host=0, rlimits=limits, lifeline=lifeline)
+        if fds is not None:
+            conf.update(cgroup_fds=list(fds[0]), errfd=fds[1])
     if ident is not None:
         if ident not in _PLANS and not sandboxed:
             _PLANS[ident] = reveal_plan(ident)
-        chown = [workdir, connection_file] + ([os.path.dirname(home), home] if home else [])
+        # in a sandbox the working directory is read-only: its group lets the kernel read it
+        chown = [os.path.dirname(home), home] if sandboxed and home else [workdir, connection_file]
         conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=home or workdir,
                     chown=chown, reveal=[] if sandboxed else _PLANS[ident])
     # marshal, then hex: the supervisor runs under this same interpreter (sys.executable) and
