@@ -211,7 +211,8 @@ def _ancestors(path: str) -> list[str]:
     return [d for d in out if d != "/usr" and not d.startswith("/usr/")]
 
 
-def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]:
+def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec,
+               seccomp_fd: int | None = None) -> list[str]:
     """``argv`` (the supervised kernel command) run inside a new sandbox.
 
     Args:
@@ -219,6 +220,8 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]
         workdir: the kernel's host directory (connection file, channel sockets, the bridge's
             link, its context files): bound read-write at the same path.
         spec: the limits and the network setting.
+        seccomp_fd: a descriptor bubblewrap inherits holding the seccomp filter to load
+            (:mod:`kernels.seccomp`), or None.
     """
     exe = shutil.which("bwrap") or "bwrap"
     args = [exe, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -253,8 +256,10 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]
     args += ["--dir", SANDBOX_HOME, "--ro-bind", workdir, workdir,
              "--ro-bind", os.path.join(workdir, CTX_DIR), os.path.join(workdir, CTX_DIR),
              "--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", "/tmp",
-             "--chdir", SANDBOX_HOME, "--"]
-    return args + list(argv)
+             "--chdir", SANDBOX_HOME]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return args + ["--"] + list(argv)
 
 
 def box_file(path: str, ctx_dir: str, *, move: bool = False, name: str | None = None) -> str:

@@ -154,18 +154,22 @@ class Kernel:
                 # the host's pid in the name: a sandboxed kernel cannot remove its own directory
                 # (a mount point in its sandbox), so the next host sweeps those of dead hosts
                 self.workdir = tempfile.mkdtemp(prefix=f"rlm-k-{os.getpid()}-")
-        self.identity = sandbox.kernel_identity()
+        # a user of its own on a root host (kernels.identity), held until its processes end
+        self.identity, held = sandbox.kernel_user(sandbox.kernel_identity())
         self.sandbox_mode = resolve_mode(self.spec)
         self.tag = secrets.token_hex(8)
-        boxed = self.sandbox_mode == "bwrap"
-        # a sandboxed kernel's whole-kernel limits, and the file its start error goes to
-        limits = KernelLimits(self.spec, self.tag, self.workdir) if boxed else None
+        limits = None
         try:
+            if self.sandbox_mode == "bwrap":  # its whole-kernel limits, its start-error file
+                limits = KernelLimits(self.spec, self.tag, self.workdir)
             km = self._spawn(limits)
         except BaseException:
-            if limits is not None:
-                limits.close()
+            for thing in (limits, held):
+                if thing is not None:
+                    thing.close()
             raise
+        if held is not None:
+            km.leases.append(held)
         return km
 
     def _spawn(self, limits: KernelLimits | None) -> Launched:
@@ -211,7 +215,8 @@ class Kernel:
         if not boxed:
             return argv
         os.makedirs(os.path.join(self.workdir, CTX_DIR), exist_ok=True)
-        return bwrap_argv(argv, workdir=self.workdir, spec=self.spec)
+        return bwrap_argv(argv, workdir=self.workdir, spec=self.spec,
+                          seccomp_fd=limits.seccomp_fd if limits is not None else None)
 
     def _ready(self, km: Launched) -> "Kernel":
         """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
@@ -439,7 +444,7 @@ class Kernel:
                 except OSError:
                     pass
             reap(proc)
-            km.close_limits()
+            km.release()
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
             if own:

@@ -149,6 +149,9 @@ class Launched:
         self.sandboxed = False
         #: the kernel's whole-kernel limits (kernels.limits.KernelLimits), None outside a sandbox
         self.limits = None
+        #: what it holds until its processes are gone, closed by release() after the limits
+        #: (its user's number: kernels.identity.Lease)
+        self.leases: list = []
         self._kernel_pid = 0
         self._located = False
 
@@ -208,10 +211,13 @@ class Launched:
                 return pid
         return 0
 
-    def close_limits(self) -> None:
-        """After the kernel's processes are ended: remove its control group. Never raises."""
+    def release(self) -> None:
+        """After the kernel's processes are ended: remove its control group, then free its
+        user's number. Idempotent; never raises."""
         if self.limits is not None:
             self.limits.close()
+        for held in self.leases:
+            held.close()
 
     def _locate(self, timeout: float = 30.0) -> None:
         """In a sandbox, point :attr:`info`'s sockets (the kernel's, in its private ``/tmp``)

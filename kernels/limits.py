@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from kernels import cgroups
+from kernels import cgroups, seccomp
 from kernels.bwrap import SandboxSpec
 
 __all__ = ["KernelLimits", "ERRFILE", "limits_mode"]
@@ -55,6 +55,8 @@ class KernelLimits:
         mode: ``"cgroup"`` or ``"rlimit"``.
         cgroup_fds: descriptors for the supervisor to join the group with ([] without one).
         errfd: the start-error file, open for writing, for the supervisor.
+        seccomp_fd: the system calls the kernel is refused (:mod:`kernels.seccomp`), for
+            bubblewrap; None on a machine without a filter.
 
     Raises:
         OSError: the error file cannot be made (the group, if any, is removed again).
@@ -68,7 +70,9 @@ class KernelLimits:
         if self.group is None:
             _warn_once(cgroups.unavailable() or "no control group", spec)
         self.cgroup_fds: list[int] = []
+        self.errfd, self.seccomp_fd = -1, None
         try:
+            self.seccomp_fd = seccomp.program_fd()
             if self.group is not None:
                 self.cgroup_fds = self.group.join_fds()
             self.errfd = os.open(os.path.join(workdir, ERRFILE),
@@ -78,17 +82,20 @@ class KernelLimits:
             raise
 
     def fds(self) -> tuple[int, ...]:
-        """Every descriptor the supervisor inherits from here."""
-        return (*self.cgroup_fds, self.errfd)
+        """Every descriptor bubblewrap and the supervisor inherit from here."""
+        extra = () if self.seccomp_fd is None else (self.seccomp_fd,)
+        return (*self.cgroup_fds, self.errfd, *extra)
 
     def started(self) -> None:
         """The supervisor has its copies: close the host's. Idempotent."""
         for fd in self.fds():
+            if fd < 0:
+                continue
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self.cgroup_fds, self.errfd = [], -1
+        self.cgroup_fds, self.errfd, self.seccomp_fd = [], -1, None
 
     def verdict(self) -> str:
         """Which limit the kernel ran into, for the user ("" when none is known): e.g. "the

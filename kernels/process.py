@@ -13,7 +13,7 @@ import signal
 import tempfile
 import time
 
-from kernels import sandbox
+from kernels import identity, sandbox
 from kernels.launch import Launched
 
 
@@ -63,7 +63,7 @@ def stop_kernel(km: Launched, tag: str) -> None:
     proc = process_of(km)
     if proc is not None:
         reap(proc)
-    km.close_limits()
+    km.release()
     km.cleanup_resources()
 
 
@@ -180,14 +180,16 @@ def sweep_stale_kernel_dirs() -> int:
 
 def remove_dirs_of_gone_hosts(prefix: str, owners: set[int]) -> int:
     """Remove the directories ``PREFIX<PID>-*`` in the temporary directory owned by one of
-    ``owners`` (uids) whose host process ``PID`` no longer exists; returns how many. Another
+    ``owners`` (uids; or by a kernel user of the harness's range, :mod:`kernels.identity`)
+    whose host process ``PID`` no longer exists; returns how many. Another
     user's, or one whose host is alive, is left alone. Never raises."""
     import glob
     removed = 0
     for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
         try:
             pid = int(os.path.basename(d)[len(prefix):].split("-")[0])
-            if pid == os.getpid() or os.stat(d).st_uid not in owners:
+            uid = os.stat(d).st_uid
+            if pid == os.getpid() or not (uid in owners or identity.managed(uid)):
                 continue
             os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
         except ProcessLookupError:

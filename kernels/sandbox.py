@@ -55,6 +55,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
+from kernels import identity
 from kernels.bundle import FILE
 
 __all__ = ["ENV_VAR", "TAG_VAR", "Identity", "KernelUserError", "kernel_identity", "kill_tagged",
@@ -91,8 +92,10 @@ def kernel_identity(environ=None) -> Identity | None:
     """The user kernels run as, or None to run them as the host's own user.
 
     Reads :data:`ENV_VAR` from ``environ`` (default ``os.environ``): a user name or numeric
-    uid. Unset or empty: ``nobody`` when the host's effective uid is 0, else None. ``root``,
-    ``0`` or the host's own user: None.
+    uid. Unset or empty: when the host's effective uid is 0, this host's identity in the
+    harness's range (:mod:`kernels.identity`: its group; each kernel gets a uid of its own
+    from :func:`kernel_user`), ``nobody`` where that range cannot be used; else None.
+    ``root``, ``0`` or the host's own user: None.
 
     Raises:
         KernelUserError: no such user; or a non-root host was asked to switch users.
@@ -103,7 +106,11 @@ def kernel_identity(environ=None) -> Identity | None:
     if not spec:
         if euid != 0 or not supervisor_available():
             return None
-        spec = DEFAULT_USER
+        try:  # the host's group in the harness's range: each kernel then gets a uid of its own
+            gid = identity.host_group()
+            return Identity(gid, gid, f"rlm-{gid}")
+        except OSError:
+            spec = DEFAULT_USER  # no private place for the numbers: the shared user
     try:
         entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
         ident = Identity(entry.pw_uid, entry.pw_gid, entry.pw_name)
@@ -123,6 +130,21 @@ def kernel_identity(environ=None) -> Identity | None:
     if not supervisor_available():
         raise KernelUserError(f"{ENV_VAR} needs Linux (the kernel supervisor uses prctl and /proc)")
     return ident
+
+
+def kernel_user(ident: Identity | None) -> "tuple[Identity | None, identity.Lease | None]":
+    """The user one kernel runs as, given :func:`kernel_identity`'s ``ident``: for the host's
+    identity in the harness's range, a uid of the kernel's own (in the host's group) and the
+    lease that holds it (close it once the kernel's processes are gone); else ``ident`` itself
+    and None (an explicit :data:`ENV_VAR`, or the host's own user).
+
+    Raises:
+        OSError: no free number in the range.
+    """
+    if ident is None or not identity.managed(ident.uid):
+        return ident, None
+    got = identity.lease()
+    return Identity(got.number, ident.gid, f"rlm-{got.number}"), got
 
 
 # --------------------------------------------------------------------------- paths
@@ -178,7 +200,7 @@ def reveal_plan(ident: Identity, extra: Iterable[str] = ()) -> list[list]:
                                                       if kv[0] != "/" else 0)]
 
 
-_PLANS: dict[Identity, list] = {}
+_PLANS: dict[tuple[int, int], list] = {}
 
 
 def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
@@ -217,12 +239,14 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
         if fds is not None:
             conf.update(cgroup_fds=list(fds[0]), errfd=fds[1])
     if ident is not None:
-        if ident not in _PLANS and not sandboxed:
-            _PLANS[ident] = reveal_plan(ident)
+        # a uid of the harness's range owns nothing: one plan serves its host's every kernel
+        key = (-1, ident.gid) if identity.managed(ident.uid) else (ident.uid, ident.gid)
+        if key not in _PLANS and not sandboxed:
+            _PLANS[key] = reveal_plan(ident)
         # in a sandbox the working directory is read-only: its group lets the kernel read it
         chown = [os.path.dirname(home), home] if sandboxed and home else [workdir, connection_file]
         conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=home or workdir,
-                    chown=chown, reveal=[] if sandboxed else _PLANS[ident])
+                    chown=chown, reveal=[] if sandboxed else _PLANS[key])
     # marshal, then hex: the supervisor runs under this same interpreter (sys.executable) and
     # decodes it with built-ins alone; json and base64 would import re, enum and functools
     # there, about 20 ms on the way to every kernel's start
