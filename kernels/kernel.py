@@ -26,7 +26,6 @@ import functools
 import os
 import queue
 import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -45,8 +44,8 @@ from kernels.limits import ERRFILE, KernelLimits
 from kernels.launch import Launched, connection_info, launch, lifeline_fd
 from kernels.outputs import CellOutput, take_message
 from kernels.protocol import BOOT_CODE
-from kernels.process import (end_kernel, kill_kernel, process_of, reap, stop_kernel,
-                             sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
+from kernels.process import (end_kernel, kill_kernel, process_of, reap, remove_tree,
+                             stop_kernel, sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
 from kernels.secrets import kernel_env
 
 
@@ -97,6 +96,8 @@ class Kernel:
 
     Attributes:
         sandbox_mode: ``"bwrap"`` or ``"none"`` once launched (``""`` before).
+        limits_mode: in a sandbox, ``"cgroup"`` (bounded as a whole, :mod:`kernels.cgroups`) or
+            ``"rlimit"`` (per process, the stand-in); ``""`` otherwise.
 
     Raises:
         OSError: ``workdir`` cannot be created.
@@ -119,6 +120,8 @@ class Kernel:
         self.tag = ""
         self.spec = sandbox or SandboxSpec()
         self.sandbox_mode = ""
+        #: how a sandboxed kernel is bounded: "cgroup" (as a whole) or "rlimit" (per process)
+        self.limits_mode = ""
         self._lock = threading.Lock()
         self._closed = False
         self._launched: Launched | None = None  # the process is up, not yet answering
@@ -162,6 +165,7 @@ class Kernel:
         try:
             if self.sandbox_mode == "bwrap":  # its whole-kernel limits, its start-error file
                 limits = KernelLimits(self.spec, self.tag, self.workdir)
+                self.limits_mode = limits.mode
             km = self._spawn(limits)
         except BaseException:
             for thing in (limits, held):
@@ -244,7 +248,7 @@ class Kernel:
             kc.stop_channels()
             stop_kernel(km, self.tag)
             if self._own_dir:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+                remove_tree(self.workdir)
             raise RuntimeError("kernel was shut down while starting")
         return self
 
@@ -373,7 +377,7 @@ class Kernel:
                 # is gone; destroying it from here aborted the interpreter in zmq
                 kill_kernel(launched, self.tag, direct=True)
                 if self._own_dir:
-                    shutil.rmtree(self.workdir, ignore_errors=True)
+                    remove_tree(self.workdir)
                 return
         end_kernel(km, kc, self.tag, self.workdir if self._own_dir else "")
 
@@ -448,7 +452,7 @@ class Kernel:
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
             if own:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_tree(workdir)
         return finish
 
     # execution -----------------------------------------------------------

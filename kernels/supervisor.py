@@ -256,6 +256,29 @@ def _watch(kernel, host, lifeline=None):
             return HOST_GONE, True
 
 
+def _remove_tree(path):
+    """Remove ``path`` whatever modes a cell set below it (as :func:`kernels.process.remove_tree`:
+    this module imports nothing of the project): directories opened to their owner, top down,
+    where a plain removal fails; links never followed."""
+    import shutil
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.lstat(d)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(d, stat.S_IMODE(st.st_mode) | 0o700)
+                stack += [os.path.join(d, name) for name in os.listdir(d)]
+        except OSError:
+            continue
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main(args):
     conf = marshal.loads(bytes.fromhex(args[0]))
     argv = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
@@ -291,8 +314,7 @@ def main(args):
         # the host does after this exits, unless it is gone or is stopped itself before that
         # (a second Ctrl-C during its shutdown). A kernel that exited on its own keeps it: it
         # may hold the reason its start failed (errfile), which the host reads.
-        import shutil
-        shutil.rmtree(conf["own_dir"], ignore_errors=True)
+        _remove_tree(conf["own_dir"])
     os._exit(code)
 
 

@@ -9,6 +9,7 @@ elsewhere the tests that need it skip, saying why, and assert the documented sta
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -83,6 +84,7 @@ def test_without_groups_each_process_is_capped_instead():
                 "except MemoryError:\n    got = 'MemoryError'\nprint('ONE ' + json.dumps(got))")
     res, seen = _run([cell, repl("FINAL('went on')")])
     assert res.answer == "went on", res.reason
+    assert res.kernel_limits == ("cgroup" if GROUPS else "rlimit")  # the result says which held
     assert _printed(seen, "ONE") == "MemoryError"
 
 
@@ -157,3 +159,61 @@ def test_disk_is_capped_in_every_place_a_cell_may_write():
         assert int(many.rsplit(" ", 1)[1]) <= 64 * 256, (place, got)  # 4 KiB each in 64 MiB
     assert got["workdir"] == ["Read-only file system",
                               "Read-only file system after 0"], got
+
+
+#: What a cell leaves in the places it may write: a mode-000 directory holding a file, and a
+#: read-only file in a read-only directory (in its working directory and in its home).
+LEAVE = r'''
+import json, os
+args = open("/proc/self/cmdline", "rb").read().split(b"\0")
+workdir = os.path.dirname(args[args.index(b"-f") + 1].decode())
+made = []
+for base in (workdir, os.path.expanduser("~"), os.getcwd()):
+    try:
+        os.makedirs(os.path.join(base, "closed", "deeper"), exist_ok=True)
+        open(os.path.join(base, "closed", "deeper", "f"), "w").write("x")
+        os.chmod(os.path.join(base, "closed", "deeper"), 0)
+        os.chmod(os.path.join(base, "closed"), 0)
+        os.makedirs(os.path.join(base, "ro"), exist_ok=True)
+        open(os.path.join(base, "ro", "f"), "w").write("x")
+        os.chmod(os.path.join(base, "ro", "f"), 0o444)
+        os.chmod(os.path.join(base, "ro"), 0o555)
+        made.append(base)
+    except OSError as e:
+        made.append(e.strerror)
+print("LEFT " + json.dumps({"workdir": workdir, "made": made}))
+'''
+
+
+@pytest.mark.parametrize("mode", ["required", "none"])
+def test_a_kernels_files_go_with_it_whatever_modes_a_cell_set(mode):
+    res, seen = _run([repl(LEAVE), repl("FINAL('went on')")], sandbox=mode)
+    assert res.answer == "went on", res.reason
+    got = _printed(seen, "LEFT")
+    if mode == "required":  # the host's directory is read-only to it; the rest is its tmpfs
+        assert got["made"][0] == "Read-only file system", got
+    else:
+        assert got["made"][0] == got["workdir"], got
+    assert not os.path.exists(got["workdir"]), os.listdir(got["workdir"])
+
+
+def test_the_sweep_removes_a_dead_hosts_directory_whatever_its_modes(tmp_path, monkeypatch):
+    """A host killed before its clean-up: the next host's sweep removes its kernel's directory,
+    mode-000 directories and read-only files in it too."""
+    import subprocess
+    import tempfile
+
+    from kernels.process import remove_dirs_of_gone_hosts
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    d = tmp_path / f"rlm-k-{dead}-x"
+    (d / "closed" / "deeper").mkdir(parents=True)
+    (d / "closed" / "deeper" / "f").write_text("x")
+    (d / "ro").mkdir()
+    (d / "ro" / "f").write_text("x")
+    for p, m in ((d / "closed" / "deeper", 0), (d / "closed", 0), (d / "ro" / "f", 0o444),
+                 (d / "ro", 0o555)):
+        os.chmod(p, m)
+    assert remove_dirs_of_gone_hosts("rlm-k-", {os.getuid()}) == 1
+    assert not d.exists()
