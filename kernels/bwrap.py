@@ -143,6 +143,18 @@ def sandbox_problem() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def disables_userns() -> bool:
+    """Whether the installed bubblewrap has ``--disable-userns`` (0.8.0 and later): read from
+    its ``--help`` once per process."""
+    try:
+        p = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"], capture_output=True,
+                           timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--disable-userns" in p.stdout + p.stderr
+
+
 _warned = False
 
 
@@ -228,6 +240,10 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec,
             "--unshare-cgroup-try", "--hostname", "rlm-kernel"]
     if not spec.network:
         args.append("--unshare-net")
+    if os.geteuid() != 0 and disables_userns():
+        # no user namespace inside this one (a cell would hold every capability in it); a
+        # root host's kernel cannot make one either: the seccomp filter refuses it there
+        args += ["--unshare-user", "--disable-userns"]
     if os.geteuid() == 0:
         # the supervisor drops to the kernel user inside; bwrap run by root drops every
         # capability unless told, and these are what that takes
