@@ -4,8 +4,9 @@ Inside, a kernel has (see :func:`bwrap_argv`):
 
 * no network: a network namespace of its own with only a loopback device nobody listens on
   (``--unshare-net``; ``SandboxSpec.network`` keeps the host's network). Its Jupyter channels
-  and the bridge are Unix sockets in its working directory, which is the one host directory
-  it sees writable;
+  are Unix sockets in its private ``/tmp`` (:data:`SANDBOX_SOCKETS`; the host reaches them
+  through ``/proc/<supervisor>/root``), the bridge a Unix socket linked into its working
+  directory, which it sees read-only: no host directory is writable to it;
 * a PID namespace of its own (``--unshare-pid``): no host process is visible, so no host
   ``/proc/<pid>/cmdline``, ``environ`` or ``mem`` can be opened and no host process traced;
 * a read-only view of what it needs and nothing else: ``/usr`` (and the ``/bin``, ``/lib``
@@ -16,11 +17,16 @@ Inside, a kernel has (see :func:`bwrap_argv`):
 * a private ``/tmp`` (and ``HOME`` = ``/tmp/home``, the working directory of its cells) and a
   private ``/dev/shm`` (POSIX semaphores and shared memory: ``multiprocessing`` needs it),
   tmpfs of at most ``SandboxSpec.disk_mb`` each that end with the kernel;
-* limits (set by :mod:`kernels.supervisor` before the kernel starts): address space
-  (``RLIMIT_AS``, ``memory_mb``: a cell that needs more gets ``MemoryError``), processes and
-  threads (``RLIMIT_NPROC``, ``processes``: counted in the sandbox's user namespace on a
-  non-root host, over every process of the kernel user on a root host), the size of one file
-  (``RLIMIT_FSIZE``, ``file_mb``: writing past it is an ``OSError``).
+* limits over the whole kernel where the host may create control groups
+  (:mod:`kernels.limits`, :mod:`kernels.cgroups`: memory with its tmpfs pages, processes and
+  threads, a CPU share), and per process (set by :mod:`kernels.supervisor` before the kernel
+  starts; what stands in without a group): address space (``RLIMIT_AS``, ``memory_mb``: a cell
+  that needs more gets ``MemoryError``), processes and threads (``RLIMIT_NPROC``,
+  ``processes``: counted in the sandbox's user namespace on a non-root host, over the kernel's
+  own user on a root host), the size of one file (``RLIMIT_FSIZE``, ``file_mb``: writing past
+  it is an ``OSError``);
+* system calls it has no use for refused (:mod:`kernels.seccomp`: keyrings, ``io_uring``, new
+  user namespaces; and ``--disable-userns`` on a non-root host where bubblewrap has it).
 
 Modes (:data:`MODES`): ``auto`` (the default) sandboxes where bubblewrap works and otherwise
 warns once, saying why and what to install; ``required`` refuses to start a kernel without
@@ -229,8 +235,8 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec,
 
     Args:
         argv: the command (:func:`kernels.sandbox.supervised_argv`'s).
-        workdir: the kernel's host directory (connection file, channel sockets, the bridge's
-            link, its context files): bound read-write at the same path.
+        workdir: the kernel's host directory (connection file, the bridge's link, its context
+            files): bound read-only at the same path.
         spec: the limits and the network setting.
         seccomp_fd: a descriptor bubblewrap inherits holding the seccomp filter to load
             (:mod:`kernels.seccomp`), or None.

@@ -13,7 +13,7 @@ Each kernel runs under a supervisor (:mod:`kernels.sandbox`, :mod:`kernels.super
 every process a cell starts, even one that left the kernel's session or process group, is
 killed when the kernel shuts down, dies, or its host dies (even by SIGKILL), so nothing a
 kernel starts outlives it. When the host runs as root the kernel runs as an unprivileged
-user (``RLM_KERNEL_USER``, default ``nobody``). The kernel's own stdout and stderr (where
+user (one of its own, :mod:`kernels.identity`; or ``RLM_KERNEL_USER``). The kernel's own stdout and stderr (where
 ipykernel prints its internal tracebacks) go to ``/dev/null``, never to the user's terminal
 (``RLM_DEBUG=1`` keeps them); a cell's output reaches the host through Jupyter messages.
 

@@ -17,8 +17,9 @@ library only) that:
 **Unprivileged kernels.** When the host runs as root (containers, CI), a kernel running as
 root could read the host's memory and environment (``/proc/<pid>/mem``, ``environ``) or
 ptrace it, and so read the API key. So, when the host's effective uid is 0, the supervisor
-runs the kernel as an unprivileged user: :envvar:`RLM_KERNEL_USER` (a user name or a numeric
-uid), ``nobody`` by default (uid/gid 65534 if the system has no such entry). Set
+runs the kernel as an unprivileged user: by default a uid of its own from the range of
+:mod:`kernels.identity` (``nobody`` where that range cannot be used), else
+:envvar:`RLM_KERNEL_USER` (a user name or a numeric uid) for every kernel. Set
 ``RLM_KERNEL_USER=root`` to keep root kernels. A non-root host runs kernels as itself (it
 cannot switch users; asking it to is an error). An unprivileged kernel:
 

@@ -113,6 +113,23 @@ def test_a_kernel_killed_at_its_memory_limit_is_reported_and_restarted():
     assert "the kernel exceeded its memory limit (--kernel-memory 768 MiB" in after, after[:2000]
 
 
+#: 1.5 GiB written to a 2 GiB /dev/shm: tmpfs pages are the writer's memory.
+SHM = r'''
+with open("/dev/shm/fill", "wb") as f:
+    for n in range(1500):
+        f.write(b"z" * (1 << 20))
+print("wrote it all")
+'''
+
+
+@needs_groups
+def test_what_a_kernel_writes_to_its_tmpfs_counts_as_its_memory():
+    res, seen = _run([repl(SHM), repl("FINAL('went on')")], kernel_disk_mb=2048)
+    assert res.status == "completed" and res.answer == "went on", res.reason
+    assert "wrote it all" not in seen[1]
+    assert "the kernel exceeded its memory limit (--kernel-memory 768 MiB" in seen[1], seen[1][:2000]
+
+
 #: Many files and one big file in every place a cell may write, the host's working directory
 #: (where the kernel's connection file is) included.
 DISK = r'''
