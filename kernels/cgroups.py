@@ -33,7 +33,6 @@ A host that may not create groups (not root, no delegation) gets :data:`None` fr
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import signal
 import threading
@@ -41,8 +40,6 @@ import time
 from dataclasses import dataclass
 
 __all__ = ["PREFIX", "Place", "KernelGroup", "find_places", "unavailable", "sweep_stale"]
-
-log = logging.getLogger("kernels.cgroups")
 
 #: Names of the harness's groups: ``rlm-k-<host pid>-<tag>``.
 PREFIX = "rlm-k-"
@@ -185,7 +182,7 @@ class KernelGroup:
             cpu_weight: its CPU share, 1-10000 (v2's scale; 100 is one ordinary share).
         Returns:
             the group, or None where groups cannot be made here (:func:`unavailable` says
-            why; a failure to make one is logged once and makes later kernels skip it).
+            why; a failure to make one is recorded there, and later kernels skip it).
         """
         places, why = _usable()
         if why is not None:
@@ -200,10 +197,8 @@ class KernelGroup:
             group._limit(cpu_weight)
         except OSError as exc:
             group.close()
-            with _state_lock:
+            with _state_lock:  # the caller says so, once, with the limits standing in
                 _state["places"], _state["why"] = {}, f"making a control group failed ({exc})"
-            log.warning("per-kernel control groups: %s; each kernel process is bounded by its "
-                        "own limits instead", _state["why"])
             return None
         return group
 
