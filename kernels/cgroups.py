@@ -231,17 +231,12 @@ class KernelGroup:
             raise
         return fds
 
-    def hit(self) -> list[str]:
-        """The limits the kernel ran into so far: ``"memory"`` (a process was killed for
-        memory) and ``"pids"`` (a fork was refused). Never raises."""
-        out = []
-        mem = self.dirs["memory"]
+    def hit(self) -> dict[str, int]:
+        """How often the kernel ran into its limits so far: ``{"memory": processes killed for
+        memory, "pids": forks refused}``. Never raises (an unreadable counter reads 0)."""
         name = "memory.events" if self.versions["memory"] == 2 else "memory.oom_control"
-        if _counter(os.path.join(mem, name), "oom_kill") > 0:
-            out.append("memory")
-        if _counter(os.path.join(self.dirs["pids"], "pids.events"), "max") > 0:
-            out.append("pids")
-        return out
+        return {"memory": _counter(os.path.join(self.dirs["memory"], name), "oom_kill"),
+                "pids": _counter(os.path.join(self.dirs["pids"], "pids.events"), "max")}
 
     def close(self) -> None:
         """Kill whatever process is left in the groups and remove them. Idempotent; never

@@ -553,6 +553,9 @@ class Kernel:
             if not idle:  # stay responsive to the timeout (and the kill) while output streams
                 watch()
         exprs = _shell_reply(kc, msg_id, out, res)
+        km = self.km
+        if km is not None and km.limits is not None:  # a process killed for memory: say so
+            out.add(km.limits.note())
         res.output = clean_text(out.text())
         if res.error is not None:
             res.error = clean_text(res.error)

@@ -67,6 +67,7 @@ class KernelLimits:
         self.group = cgroups.KernelGroup.create(tag, memory_bytes=spec.memory_mb << 20,
                                                 pids=spec.processes, cpu_weight=spec.cpu_weight)
         self.mode = "cgroup" if self.group is not None else "rlimit"
+        self._seen: dict[str, int] = {}
         if self.group is None:
             _warn_once(cgroups.unavailable() or "no control group", spec)
         self.cgroup_fds: list[int] = []
@@ -97,20 +98,39 @@ class KernelLimits:
                 pass
         self.cgroup_fds, self.errfd, self.seccomp_fd = [], -1, None
 
-    def verdict(self) -> str:
-        """Which limit the kernel ran into, for the user ("" when none is known): e.g. "the
-        kernel exceeded its memory limit (--kernel-memory 512 MiB)"."""
+    def _new_hits(self) -> dict[str, int]:
+        """The limits run into since the last call (counts), from the group's counters."""
         if self.group is None:
-            return ""
+            return {}
+        now = self.group.hit()
+        new = {k: v - self._seen.get(k, 0) for k, v in now.items() if v > self._seen.get(k, 0)}
+        self._seen = now
+        return new
+
+    def verdict(self) -> str:
+        """After the kernel died: which limit it ran into since the last cell ended, for the
+        user ("" when none is known): e.g. "the kernel exceeded its memory limit
+        (--kernel-memory 512 MiB, all its processes together)"."""
         said = []
-        for name in self.group.hit():
-            if name == "memory":
-                said.append(f"the kernel exceeded its memory limit (--kernel-memory "
-                            f"{self.spec.memory_mb} MiB, all its processes together)")
-            elif name == "pids":
-                said.append(f"the kernel reached its process limit (--kernel-processes "
-                            f"{self.spec.processes}, processes and threads together)")
+        new = self._new_hits()
+        if "memory" in new:
+            said.append(f"the kernel exceeded its memory limit (--kernel-memory "
+                        f"{self.spec.memory_mb} MiB, all its processes together)")
+        if "pids" in new:
+            said.append(f"the kernel reached its process limit (--kernel-processes "
+                        f"{self.spec.processes}, processes and threads together)")
         return "; ".join(said)
+
+    def note(self) -> str:
+        """After a cell: a line for its output when one of the kernel's processes was killed
+        for memory during it (the kernel lived on), else "". A refused fork is the cell's own
+        ``OSError`` already."""
+        n = self._new_hits().get("memory", 0)
+        if not n:
+            return ""
+        return (f"[{n} process{'es' if n > 1 else ''} of this kernel killed: its processes "
+                f"together exceeded its memory limit (--kernel-memory {self.spec.memory_mb} "
+                "MiB)]\n")
 
     def close(self) -> None:
         """End the group (killing what is left in it) and close the descriptors. Idempotent;

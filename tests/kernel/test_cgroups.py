@@ -75,10 +75,10 @@ def test_what_a_group_ran_into_is_read_from_its_counters(tmp_path):
                             {"memory": 1, "pids": 1, "cpu": 1}, 1, 1)
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
     (tmp_path / "pids.events").write_text("max 0\n")
-    assert g.hit() == []
+    assert g.hit() == {"memory": 0, "pids": 0}
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     (tmp_path / "pids.events").write_text("max 7\n")
-    assert g.hit() == ["memory", "pids"]
+    assert g.hit() == {"memory": 2, "pids": 7}
 
 
 def test_the_seccomp_program_for_each_machine():

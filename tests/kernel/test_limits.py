@@ -75,6 +75,9 @@ def test_memory_is_counted_over_all_of_a_kernels_processes():
     codes = _printed(seen, "HOGS")["codes"]
     # 3 x 400 MiB cannot be held under 768 MiB: the kernel's group killed the others
     assert codes.count(0) <= 1 and codes.count(-9) >= 2, codes
+    killed = codes.count(-9)  # and the cell's output says why
+    assert (f"[{killed} processes of this kernel killed: its processes together exceeded its "
+            "memory limit (--kernel-memory 768 MiB)]") in seen[1], seen[1][-500:]
 
 
 def test_without_groups_each_process_is_capped_instead():
