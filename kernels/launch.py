@@ -248,6 +248,8 @@ class Launched:
         """Remove the connection file and the IPC socket files. Never raises. (The client
         destroys its own ZeroMQ context when its channels stop.)"""
         _remove(self.connection_file)
+        if self.sandboxed:  # its sockets end with its /tmp; and once its supervisor is gone,
+            return  # /proc/<that pid>/root may be another process's
         for port in PORTS.values():
             _remove(f"{self.info['ip']}-{port}")
 
