@@ -24,7 +24,7 @@ Inside, a kernel has (see :func:`bwrap_argv`):
   that needs more gets ``MemoryError``), processes and threads (``RLIMIT_NPROC``,
   ``processes``: counted in the sandbox's user namespace on a non-root host, over the kernel's
   own user on a root host), the size of one file (``RLIMIT_FSIZE``, ``file_mb``: writing past
-  it is an ``OSError``);
+  it is an ``OSError``), open descriptors (``RLIMIT_NOFILE``, :data:`DESCRIPTORS`);
 * system calls it has no use for refused (:mod:`kernels.seccomp`: keyrings, ``io_uring``, new
   user namespaces; and ``--disable-userns`` on a non-root host where bubblewrap has it).
 
@@ -69,6 +69,8 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "passwd", "group", "nsswi
 #: The kernel's context directory, inside its working directory: bound read-only in the
 #: sandbox, so a context file linked there (rather than copied) cannot be written from a cell.
 CTX_DIR = "ctx"
+#: Open descriptors of each process of a sandboxed kernel (``RLIMIT_NOFILE``).
+DESCRIPTORS = 4096
 #: Install hint for a machine without bubblewrap.
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 
@@ -116,10 +118,15 @@ class SandboxSpec:
         return mode
 
     def rlimits(self) -> dict[str, int]:
-        """The kernel's resource limits, by ``resource`` module name (bytes or counts)."""
+        """The kernel's resource limits, by ``resource`` module name (bytes or counts): per
+        process, and the only ones where there is no control group (:mod:`kernels.limits`).
+        Open descriptors: :data:`DESCRIPTORS`, or the host's own hard limit if lower."""
+        import resource
         mib = 1024 * 1024
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        files = DESCRIPTORS if hard == resource.RLIM_INFINITY else min(DESCRIPTORS, hard)
         return {"RLIMIT_AS": self.memory_mb * mib, "RLIMIT_NPROC": self.processes,
-                "RLIMIT_FSIZE": self.file_mb * mib}
+                "RLIMIT_FSIZE": self.file_mb * mib, "RLIMIT_NOFILE": files}
 
 
 @functools.lru_cache(maxsize=1)

@@ -133,6 +133,18 @@ def test_what_a_kernel_writes_to_its_tmpfs_counts_as_its_memory():
     assert "the kernel exceeded its memory limit (--kernel-memory 768 MiB" in seen[1], seen[1][:2000]
 
 
+def test_open_descriptors_are_capped_per_process():
+    cell = repl("import json, os\nfds = []\ntry:\n    while len(fds) < 100000:\n"
+                "        fds.append(os.open('/dev/null', os.O_RDONLY))\n    err = None\n"
+                "except OSError as e:\n    err = e.strerror\n"
+                "print('FDS ' + json.dumps([len(fds), err]))\n"
+                "for fd in fds:\n    os.close(fd)")
+    res, seen = _run([cell, repl("FINAL('went on')")])
+    assert res.answer == "went on", res.reason
+    n, err = _printed(seen, "FDS")
+    assert err == "Too many open files" and n < 4096, (n, err)
+
+
 #: Many files and one big file in every place a cell may write, the host's working directory
 #: (where the kernel's connection file is) included.
 DISK = r'''
