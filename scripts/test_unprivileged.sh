@@ -19,4 +19,5 @@ runuser -u rlm-ci -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME_DIR" s
     .venv/bin/python -m pip install -q -e . pytest pytest-timeout
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel/test_escape.py \
         tests/kernel/test_sandbox_modes.py tests/kernel/test_limits.py tests/kernel/test_tenants.py \
+        tests/kernel/test_cgroups.py \
         tests/context/test_confined.py -rs"

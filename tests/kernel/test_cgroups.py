@@ -4,7 +4,10 @@ the seccomp filter's program for each machine it knows. The real groups are trie
 in test_limits.py."""
 from __future__ import annotations
 
+import os
 import struct
+
+import pytest
 
 from kernels import cgroups, seccomp
 
@@ -93,3 +96,27 @@ def test_the_seccomp_program_for_each_machine():
             if op[0] in (0x15, 0x35, 0x45):
                 assert i + 1 + max(op[1], op[2]) < len(ops)
     assert seccomp.program("riscv64") is None
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None,
+                    reason=f"no control groups here: {cgroups.unavailable()}")
+def test_the_groups_of_a_dead_host_are_swept_and_a_live_ones_are_not():
+    import subprocess
+    import sys
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    places = cgroups.find_places()
+    mine = cgroups.KernelGroup.create("live", memory_bytes=64 << 20, pids=8)
+    stale = [os.path.join(p.dir, f"{cgroups.PREFIX}{dead}-gone") for p in places.values()]
+    try:
+        for d in set(stale):
+            os.mkdir(d)
+        assert cgroups.sweep_stale() >= 1
+        assert not any(os.path.exists(d) for d in stale)
+        assert all(os.path.isdir(d) for d in mine.dirs.values())  # this host's: left alone
+    finally:
+        mine.close()
+        for d in set(stale):
+            if os.path.isdir(d):
+                os.rmdir(d)
+    assert not any(os.path.exists(d) for d in mine.dirs.values())
