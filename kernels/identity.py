@@ -10,9 +10,9 @@ between two runs.
 
 A number is held by an exclusive ``flock(2)`` on ``<dir>/<n>`` (``/run/rlm-ids``, else in
 the temporary directory; root's, mode 0700) for as long as its kernel (or, for the group, its
-host) lives: a host that dies frees its numbers with its descriptors, so nothing needs
-sweeping. A free number's file is removed by its last holder (the lock is checked against the
-file still at the path, so a removal never lets two holders in).
+host) lives: a host that dies frees its numbers with its descriptors. A free number's file is
+removed by its last holder, and a dead holder's by the next host (:func:`sweep`); the lock is
+checked against the file still at the path, so a removal never lets two holders in.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import stat
 import tempfile
 import threading
 
-__all__ = ["BASE", "SIZE", "Lease", "lease", "host_group", "managed"]
+__all__ = ["BASE", "SIZE", "Lease", "lease", "host_group", "managed", "sweep"]
 
 #: The first uid and gid of the range (above what distributions hand out to users and to
 #: user namespaces' subordinate ranges by default, which start at 100000 in 65536 steps).
@@ -100,12 +100,38 @@ def lease(tries: int = 256) -> Lease:
     raise OSError(errno.EAGAIN, f"no free kernel user number after {tries} tries")
 
 
+def sweep() -> int:
+    """Remove the number files no live process holds (left by a host that died holding its
+    group's, or a kernel's); returns how many. Never raises."""
+    try:
+        with _dir_lock:
+            d = _lock_dir()
+        names = os.listdir(d)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(d, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            Lease(0, fd, path).close()  # free: removed while held, as a holder would
+            removed += 1
+        except OSError:
+            os.close(fd)  # held
+    return removed
+
+
 def host_group() -> int:
     """This host process's group (``BASE + m``, held while it lives): every kernel it starts
     is in it. Raises OSError as :func:`lease`."""
     with _dir_lock:
         if _host and _host[1] == os.getpid():
             return _host[0].number
+    sweep()  # once per host process: what dead hosts left
     got = lease()
     with _dir_lock:
         if _host and _host[1] == os.getpid():

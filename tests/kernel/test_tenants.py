@@ -155,3 +155,20 @@ def test_on_a_root_host_each_kernel_runs_as_a_user_of_its_own(monkeypatch):
     (u1, g1), (u2, g2) = _printed(seen1, "WHO"), _printed(seen2, "WHO")
     assert identity.managed(u1) and identity.managed(u2) and u1 != u2
     assert identity.managed(g1) and g1 == g2  # one host: one group (the bridge opens to it)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is a root host's")
+def test_a_number_is_held_by_one_holder_and_a_dead_holders_file_is_swept():
+    a = identity.lease()
+    path = a._path
+    assert identity.managed(a.number) and os.path.exists(path)
+    identity.sweep()  # a live holder's number stays
+    assert os.path.exists(path)
+    b = identity.lease()
+    assert b.number != a.number
+    os.close(a._fd)  # the holder dies without its clean-up: the file is left, unlocked
+    a._fd = -1
+    assert os.path.exists(path)
+    assert identity.sweep() >= 1 and not os.path.exists(path)
+    b.close()
+    assert not os.path.exists(b._path)
