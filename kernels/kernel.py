@@ -167,10 +167,15 @@ class Kernel:
                 limits = KernelLimits(self.spec, self.tag, self.workdir)
                 self.limits_mode = limits.mode
             km = self._spawn(limits)
-        except BaseException:
+        except BaseException as exc:
             for thing in (limits, held):
                 if thing is not None:
                     thing.close()
+            if self._closed:  # shut down meanwhile: what was made again of its directory goes
+                if self._own_dir:
+                    remove_tree(self.workdir)
+                if isinstance(exc, (OSError, RuntimeError)):
+                    raise RuntimeError("kernel was shut down while starting") from None
             raise
         if held is not None:
             km.leases.append(held)
