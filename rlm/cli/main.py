@@ -53,7 +53,7 @@ ENVIRONMENT = """environment:
   RLM_HOST          host name recorded as a run's owner (default: the machine's host name)
   RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
   RLM_DEBUG=1       print tracebacks for unexpected errors
-  RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
+  RLM_KERNEL_USER   user kernels run as when the host is root (default: one per kernel)
 """
 
 
