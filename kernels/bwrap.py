@@ -4,8 +4,9 @@ Inside, a kernel has (see :func:`bwrap_argv`):
 
 * no network: a network namespace of its own with only a loopback device nobody listens on
   (``--unshare-net``; ``SandboxSpec.network`` keeps the host's network). Its Jupyter channels
-  and the bridge are Unix sockets in its working directory, which is the one host directory
-  it sees writable;
+  are Unix sockets in its private ``/tmp`` (:data:`SANDBOX_SOCKETS`; the host reaches them
+  through ``/proc/<supervisor>/root``), the bridge a Unix socket linked into its working
+  directory, which it sees read-only: no host directory is writable to it;
 * a PID namespace of its own (``--unshare-pid``): no host process is visible, so no host
   ``/proc/<pid>/cmdline``, ``environ`` or ``mem`` can be opened and no host process traced;
 * a read-only view of what it needs and nothing else: ``/usr`` (and the ``/bin``, ``/lib``
@@ -16,11 +17,16 @@ Inside, a kernel has (see :func:`bwrap_argv`):
 * a private ``/tmp`` (and ``HOME`` = ``/tmp/home``, the working directory of its cells) and a
   private ``/dev/shm`` (POSIX semaphores and shared memory: ``multiprocessing`` needs it),
   tmpfs of at most ``SandboxSpec.disk_mb`` each that end with the kernel;
-* limits (set by :mod:`kernels.supervisor` before the kernel starts): address space
-  (``RLIMIT_AS``, ``memory_mb``: a cell that needs more gets ``MemoryError``), processes and
-  threads (``RLIMIT_NPROC``, ``processes``: counted in the sandbox's user namespace on a
-  non-root host, over every process of the kernel user on a root host), the size of one file
-  (``RLIMIT_FSIZE``, ``file_mb``: writing past it is an ``OSError``).
+* limits over the whole kernel where the host may create control groups
+  (:mod:`kernels.limits`, :mod:`kernels.cgroups`: memory with its tmpfs pages, processes and
+  threads, a CPU share), and per process (set by :mod:`kernels.supervisor` before the kernel
+  starts; what stands in without a group): address space (``RLIMIT_AS``, ``memory_mb``: a cell
+  that needs more gets ``MemoryError``), processes and threads (``RLIMIT_NPROC``,
+  ``processes``: counted in the sandbox's user namespace on a non-root host, over the kernel's
+  own user on a root host), the size of one file (``RLIMIT_FSIZE``, ``file_mb``: writing past
+  it is an ``OSError``), open descriptors (``RLIMIT_NOFILE``, :data:`DESCRIPTORS`);
+* system calls it has no use for refused (:mod:`kernels.seccomp`: keyrings, ``io_uring``, new
+  user namespaces; and ``--disable-userns`` on a non-root host where bubblewrap has it).
 
 Modes (:data:`MODES`): ``auto`` (the default) sandboxes where bubblewrap works and otherwise
 warns once, saying why and what to install; ``required`` refuses to start a kernel without
@@ -44,7 +50,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["CTX_DIR", "box_file", "box_bundle", "MODES", "ETC_FILES", "SandboxSpec", "SandboxUnavailable", "bwrap_argv",
-           "sandbox_problem", "resolve_mode", "SANDBOX_HOME", "ENV_VAR"]
+           "sandbox_problem", "resolve_mode", "SANDBOX_HOME", "SANDBOX_SOCKETS", "ENV_VAR"]
 
 log = logging.getLogger("kernels.sandbox")
 
@@ -54,12 +60,17 @@ MODES = ("auto", "required", "none")
 ENV_VAR = "RLM_SANDBOX"
 #: The kernel's home and the working directory of its cells, inside the sandbox.
 SANDBOX_HOME = "/tmp/home"
+#: Where a sandboxed kernel's Jupyter sockets are (``{this}-1`` ... ``-5``), in its private
+#: ``/tmp``; the host reaches them through ``/proc/<supervisor>/root``.
+SANDBOX_SOCKETS = "/tmp/.rlm-k"
 #: The files of ``/etc`` a kernel sees (read-only; each only if the host has it).
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "passwd", "group", "nsswitch.conf",
              "mime.types")
 #: The kernel's context directory, inside its working directory: bound read-only in the
 #: sandbox, so a context file linked there (rather than copied) cannot be written from a cell.
 CTX_DIR = "ctx"
+#: Open descriptors of each process of a sandboxed kernel (``RLIMIT_NOFILE``).
+DESCRIPTORS = 4096
 #: Install hint for a machine without bubblewrap.
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 
@@ -80,6 +91,8 @@ class SandboxSpec:
         processes: processes and threads (default 1024).
         disk_mb: size of the private ``/tmp`` and home (MiB; default 1024).
         file_mb: largest file the kernel may write (MiB; default 1024).
+        cpu_weight: the kernel's CPU share where it has a control group (1-10000; 100 is one
+            ordinary share, however many processes the kernel runs).
         seed: the seed of the kernel's chance, sandboxed or not: its hash seed, and
             :mod:`random` and NumPy (:mod:`kernels.chance`); the run's ``kernel_seed``.
     """
@@ -90,6 +103,7 @@ class SandboxSpec:
     processes: int = 1024
     disk_mb: int = 1024
     file_mb: int = 1024
+    cpu_weight: int = 100
     seed: int = 0
 
     def requested(self) -> str:
@@ -104,10 +118,15 @@ class SandboxSpec:
         return mode
 
     def rlimits(self) -> dict[str, int]:
-        """The kernel's resource limits, by ``resource`` module name (bytes or counts)."""
+        """The kernel's resource limits, by ``resource`` module name (bytes or counts): per
+        process, and the only ones where there is no control group (:mod:`kernels.limits`).
+        Open descriptors: :data:`DESCRIPTORS`, or the host's own hard limit if lower."""
+        import resource
         mib = 1024 * 1024
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        files = DESCRIPTORS if hard == resource.RLIM_INFINITY else min(DESCRIPTORS, hard)
         return {"RLIMIT_AS": self.memory_mb * mib, "RLIMIT_NPROC": self.processes,
-                "RLIMIT_FSIZE": self.file_mb * mib}
+                "RLIMIT_FSIZE": self.file_mb * mib, "RLIMIT_NOFILE": files}
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,6 +154,18 @@ def sandbox_problem() -> str | None:
                 + (f" ({why[-1]})" if why else "") + ": enable unprivileged user namespaces "
                 "(sysctl kernel.unprivileged_userns_clone=1) or run where they are allowed")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def disables_userns() -> bool:
+    """Whether the installed bubblewrap has ``--disable-userns`` (0.8.0 and later): read from
+    its ``--help`` once per process."""
+    try:
+        p = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"], capture_output=True,
+                           timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--disable-userns" in p.stdout + p.stderr
 
 
 _warned = False
@@ -205,20 +236,27 @@ def _ancestors(path: str) -> list[str]:
     return [d for d in out if d != "/usr" and not d.startswith("/usr/")]
 
 
-def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]:
+def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec,
+               seccomp_fd: int | None = None) -> list[str]:
     """``argv`` (the supervised kernel command) run inside a new sandbox.
 
     Args:
         argv: the command (:func:`kernels.sandbox.supervised_argv`'s).
-        workdir: the kernel's host directory (connection file, channel sockets, the bridge's
-            link, its context files): bound read-write at the same path.
+        workdir: the kernel's host directory (connection file, the bridge's link, its context
+            files): bound read-only at the same path.
         spec: the limits and the network setting.
+        seccomp_fd: a descriptor bubblewrap inherits holding the seccomp filter to load
+            (:mod:`kernels.seccomp`), or None.
     """
     exe = shutil.which("bwrap") or "bwrap"
     args = [exe, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "rlm-kernel"]
     if not spec.network:
         args.append("--unshare-net")
+    if os.geteuid() != 0 and disables_userns():
+        # no user namespace inside this one (a cell would hold every capability in it); a
+        # root host's kernel cannot make one either: the seccomp filter refuses it there
+        args += ["--unshare-user", "--disable-userns"]
     if os.geteuid() == 0:
         # the supervisor drops to the kernel user inside; bwrap run by root drops every
         # capability unless told, and these are what that takes
@@ -244,11 +282,13 @@ def bwrap_argv(argv: list[str], *, workdir: str, spec: SandboxSpec) -> list[str]
     for d in _ancestors(workdir):  # open, in the private /tmp: the host's may be 0700 (pytest's)
         if d not in parents and d != "/tmp":
             args += ["--perms", "0755", "--dir", d]
-    args += ["--dir", SANDBOX_HOME, "--bind", workdir, workdir,
+    args += ["--dir", SANDBOX_HOME, "--ro-bind", workdir, workdir,
              "--ro-bind", os.path.join(workdir, CTX_DIR), os.path.join(workdir, CTX_DIR),
              "--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", "/tmp",
-             "--chdir", SANDBOX_HOME, "--"]
-    return args + list(argv)
+             "--chdir", SANDBOX_HOME]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return args + ["--"] + list(argv)
 
 
 def box_file(path: str, ctx_dir: str, *, move: bool = False, name: str | None = None) -> str:

@@ -13,7 +13,7 @@ Each kernel runs under a supervisor (:mod:`kernels.sandbox`, :mod:`kernels.super
 every process a cell starts, even one that left the kernel's session or process group, is
 killed when the kernel shuts down, dies, or its host dies (even by SIGKILL), so nothing a
 kernel starts outlives it. When the host runs as root the kernel runs as an unprivileged
-user (``RLM_KERNEL_USER``, default ``nobody``). The kernel's own stdout and stderr (where
+user (one of its own, :mod:`kernels.identity`; or ``RLM_KERNEL_USER``). The kernel's own stdout and stderr (where
 ipykernel prints its internal tracebacks) go to ``/dev/null``, never to the user's terminal
 (``RLM_DEBUG=1`` keeps them); a cell's output reaches the host through Jupyter messages.
 
@@ -26,7 +26,6 @@ import functools
 import os
 import queue
 import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -37,61 +36,17 @@ from typing import Callable
 
 from harness.text import clean_text
 from kernels import sandbox
-from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SandboxSpec, box_bundle, box_file, bwrap_argv,
-                           resolve_mode)
+from kernels.bwrap import (CTX_DIR, SANDBOX_HOME, SANDBOX_SOCKETS, SandboxSpec, box_bundle,
+                           box_file, bwrap_argv, resolve_mode)
 from kernels.chance import chance_env
+from kernels.gate import StartGate
+from kernels.limits import ERRFILE, KernelLimits
 from kernels.launch import Launched, connection_info, launch, lifeline_fd
 from kernels.outputs import CellOutput, take_message
 from kernels.protocol import BOOT_CODE
-from kernels.process import (end_kernel, kill_kernel, process_of, reap, stop_kernel,
-                             sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
+from kernels.process import (end_kernel, kill_kernel, process_of, reap, remove_tree,
+                             stop_kernel, sweep_stale_kernel_dirs, wait_exit, wait_for_ready)
 from kernels.secrets import kernel_env
-
-
-class StartGate:
-    """Bounds how many kernels of this process start at once.
-
-    A cold start is CPU-bound (the new kernel imports ipykernel): more starts at once than the
-    machine has cores only slow every one of them down. :meth:`Kernel.start` holds a place from
-    launching the process until the kernel answers.
-
-    Args:
-        limit: starts at once (int >= 1); default ``os.cpu_count()`` (at least 1).
-
-    Attributes:
-        active: starts in progress now (int). peak: the most ever in progress at once (int).
-    """
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = max(1, int(limit if limit is not None else (os.cpu_count() or 1)))
-        self.active = 0
-        self.peak = 0
-        self._cv = threading.Condition()
-
-    def enter(self, wait: bool = True) -> bool:
-        """Take a place (waiting for one when ``wait``); returns whether it got one. The place
-        may be given back by another thread (:meth:`leave`)."""
-        with self._cv:
-            while self.active >= self.limit:
-                if not wait:
-                    return False
-                self._cv.wait()
-            self.active += 1
-            self.peak = max(self.peak, self.active)
-        return True
-
-    def leave(self) -> None:
-        """Give a place back."""
-        with self._cv:
-            self.active -= 1
-            self._cv.notify()
-
-    def __enter__(self) -> "StartGate":
-        self.enter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.leave()
 
 
 #: The process-wide gate every kernel start passes (see :class:`StartGate`).
@@ -141,6 +96,8 @@ class Kernel:
 
     Attributes:
         sandbox_mode: ``"bwrap"`` or ``"none"`` once launched (``""`` before).
+        limits_mode: in a sandbox, ``"cgroup"`` (bounded as a whole, :mod:`kernels.cgroups`) or
+            ``"rlimit"`` (per process, the stand-in); ``""`` otherwise.
 
     Raises:
         OSError: ``workdir`` cannot be created.
@@ -163,6 +120,8 @@ class Kernel:
         self.tag = ""
         self.spec = sandbox or SandboxSpec()
         self.sandbox_mode = ""
+        #: how a sandboxed kernel is bounded: "cgroup" (as a whole) or "rlimit" (per process)
+        self.limits_mode = ""
         self._lock = threading.Lock()
         self._closed = False
         self._launched: Launched | None = None  # the process is up, not yet answering
@@ -198,23 +157,56 @@ class Kernel:
                 # the host's pid in the name: a sandboxed kernel cannot remove its own directory
                 # (a mount point in its sandbox), so the next host sweeps those of dead hosts
                 self.workdir = tempfile.mkdtemp(prefix=f"rlm-k-{os.getpid()}-")
-        self.identity = sandbox.kernel_identity()
+        # a user of its own on a root host (kernels.identity), held until its processes end
+        self.identity, held = sandbox.kernel_user(sandbox.kernel_identity())
         self.sandbox_mode = resolve_mode(self.spec)
-        argv = self._argv(os.path.join(self.workdir, "kernel.json"))
         self.tag = secrets.token_hex(8)
+        limits = None
+        try:
+            if self.sandbox_mode == "bwrap":  # its whole-kernel limits, its start-error file
+                limits = KernelLimits(self.spec, self.tag, self.workdir)
+                self.limits_mode = limits.mode
+            km = self._spawn(limits)
+        except BaseException as exc:
+            for thing in (limits, held):
+                if thing is not None:
+                    thing.close()
+            if self._closed:  # shut down meanwhile: what was made again of its directory goes
+                if self._own_dir:
+                    remove_tree(self.workdir)
+                if isinstance(exc, (OSError, RuntimeError)):
+                    raise RuntimeError("kernel was shut down while starting") from None
+            raise
+        if held is not None:
+            km.leases.append(held)
+        return km
+
+    def _spawn(self, limits: KernelLimits | None) -> Launched:
+        conn = os.path.join(self.workdir, "kernel.json")
+        argv = self._argv(conn, limits)
+        gid = self.identity.gid if limits is not None and self.identity is not None else None
+        if gid is not None:  # the kernel's user reads its directory through its group only
+            os.chown(self.workdir, -1, gid)
+            os.chmod(self.workdir, 0o750)
         with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
             if self._closed:
                 raise RuntimeError("kernel was shut down while starting")
-            km = launch(argv, connection_file=os.path.join(self.workdir, "kernel.json"),
-                        info=connection_info(os.path.join(self.workdir, ".k")),
+            # in the sandbox the kernel's sockets are in its own /tmp (its working directory
+            # here is read-only to it): the host reaches them through its root
+            km = launch(argv, connection_file=conn,
+                        info=connection_info(SANDBOX_SOCKETS if limits is not None
+                                             else os.path.join(self.workdir, ".k")),
                         env=kernel_env({sandbox.TAG_VAR: self.tag,
                                         **chance_env(self.spec.seed)}), cwd=self.workdir,
-                        quiet=not os.environ.get("RLM_DEBUG"),
-                        sandboxed=self.sandbox_mode == "bwrap")
+                        quiet=not os.environ.get("RLM_DEBUG"), sandboxed=limits is not None,
+                        pass_fds=limits.fds() if limits is not None else (), group=gid)
+            if limits is not None:
+                limits.started()
+                km.limits = limits
             self._launched = km  # from now on shutdown() ends the process at once
         return km
 
-    def _argv(self, connection_file: str) -> list[str]:
+    def _argv(self, connection_file: str, limits: KernelLimits | None) -> list[str]:
         """The kernel's command line: ipykernel under the supervisor, in the sandbox when
         :attr:`sandbox_mode` is ``"bwrap"`` (its read-only ``ctx`` directory made first)."""
         argv = [sys.executable, "-m", "kernels.ipykernel_main", "-f", connection_file,
@@ -227,15 +219,23 @@ class Kernel:
                                        ident=self.identity, own_dir=self._own_dir,
                                        limits=self.spec.rlimits() if boxed else None,
                                        home=SANDBOX_HOME if boxed else None,
-                                       lifeline=lifeline_fd() if boxed else None)
+                                       lifeline=lifeline_fd() if boxed else None,
+                                       fds=limits and (limits.cgroup_fds, limits.errfd))
         if not boxed:
             return argv
         os.makedirs(os.path.join(self.workdir, CTX_DIR), exist_ok=True)
-        return bwrap_argv(argv, workdir=self.workdir, spec=self.spec)
+        return bwrap_argv(argv, workdir=self.workdir, spec=self.spec,
+                          seccomp_fd=limits.seccomp_fd if limits is not None else None)
 
     def _ready(self, km: Launched) -> "Kernel":
         """Wait until the launched kernel answers; returns ``self``. Raises as :meth:`start`."""
-        kc = km.blocking_client()
+        try:
+            kc = km.blocking_client()
+        except RuntimeError as exc:  # its processes ended before it could be reached
+            stop_kernel(km, self.tag)
+            if self._closed:
+                raise RuntimeError("kernel was shut down while starting") from None
+            raise RuntimeError(self._start_failure("died" in str(exc))) from None
         kc.start_channels()
         try:
             wait_for_ready(km, kc, self.start_timeout)
@@ -253,7 +253,7 @@ class Kernel:
             kc.stop_channels()
             stop_kernel(km, self.tag)
             if self._own_dir:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+                remove_tree(self.workdir)
             raise RuntimeError("kernel was shut down while starting")
         return self
 
@@ -275,7 +275,7 @@ class Kernel:
 
     def _start_error(self) -> str:
         try:
-            with open(os.path.join(self.workdir, ".supervisor-error"), encoding="utf-8",
+            with open(os.path.join(self.workdir, ERRFILE), encoding="utf-8",
                       errors="replace") as f:
                 return f.read().strip()
         except OSError:
@@ -382,7 +382,7 @@ class Kernel:
                 # is gone; destroying it from here aborted the interpreter in zmq
                 kill_kernel(launched, self.tag, direct=True)
                 if self._own_dir:
-                    shutil.rmtree(self.workdir, ignore_errors=True)
+                    remove_tree(self.workdir)
                 return
         end_kernel(km, kc, self.tag, self.workdir if self._own_dir else "")
 
@@ -453,10 +453,11 @@ class Kernel:
                 except OSError:
                     pass
             reap(proc)
+            km.release()
             if exited and proc.returncode is not None and proc.returncode < 0 and tag:
                 sandbox.kill_tagged(tag)  # killed from outside before it could clean up
             if own:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_tree(workdir)
         return finish
 
     # execution -----------------------------------------------------------
@@ -557,6 +558,9 @@ class Kernel:
             if not idle:  # stay responsive to the timeout (and the kill) while output streams
                 watch()
         exprs = _shell_reply(kc, msg_id, out, res)
+        km = self.km
+        if km is not None and km.limits is not None:  # a process killed for memory: say so
+            out.add(km.limits.note())
         res.output = clean_text(out.text())
         if res.error is not None:
             res.error = clean_text(res.error)
@@ -565,7 +569,10 @@ class Kernel:
 
     def _died_text(self, out: CellOutput) -> str:
         tail = out.tail(500)
-        return "the kernel process died during the cell" + (f"; last output: {tail}" if tail else "")
+        km = self.km
+        why = km.limits.verdict() if km is not None and km.limits is not None else ""
+        return ("the kernel process died during the cell" + (f": {why}" if why else "")
+                + (f"; last output: {tail}" if tail else ""))
 
 
 def _shell_reply(kc, msg_id: str, out: CellOutput, res: CellResult) -> dict:

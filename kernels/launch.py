@@ -22,6 +22,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from typing import Any, Callable
 
@@ -42,7 +43,8 @@ def connection_info(ip: str) -> dict[str, Any]:
 
 
 def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: dict,
-           cwd: str, quiet: bool = True, sandboxed: bool = False) -> "Launched":
+           cwd: str, quiet: bool = True, sandboxed: bool = False, pass_fds: tuple = (),
+           group: int | None = None) -> "Launched":
     """Write ``info`` to ``connection_file`` (mode 0600) and start ``argv`` (a kernel command
     line that reads it) in a new session, in ``cwd``, with ``env`` plus ``JPY_PARENT_PID``.
 
@@ -59,6 +61,9 @@ def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: 
             removed again).
     """
     fd = os.open(connection_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if group is not None:  # a kernel user of its own reads it through its group, cannot write
+        os.fchown(fd, -1, group)
+        os.fchmod(fd, 0o640)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
     out = subprocess.DEVNULL if quiet else None
@@ -66,7 +71,7 @@ def launch(argv: list[str], *, connection_file: str, info: dict[str, Any], env: 
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 env=dict(env, JPY_PARENT_PID=str(os.getpid())), cwd=cwd,
                                 start_new_session=True,
-                                pass_fds=(lifeline_fd(),) if sandboxed else ())
+                                pass_fds=((lifeline_fd(),) if sandboxed else ()) + tuple(pass_fds))
     try:
         proc = _on_launcher_thread(start) if sandboxed else start()
     except OSError:
@@ -142,7 +147,13 @@ class Launched:
         self.info = info
         #: the process is bubblewrap's (kernels.bwrap): the kernel is found below it
         self.sandboxed = False
+        #: the kernel's whole-kernel limits (kernels.limits.KernelLimits), None outside a sandbox
+        self.limits = None
+        #: what it holds until its processes are gone, closed by release() after the limits
+        #: (its user's number: kernels.identity.Lease)
+        self.leases: list = []
         self._kernel_pid = 0
+        self._located = False
 
     def is_alive(self) -> bool:
         """Whether the process still runs (a ``poll``; never raises)."""
@@ -200,10 +211,45 @@ class Launched:
                 return pid
         return 0
 
+    def release(self) -> None:
+        """After the kernel's processes are ended: remove its control group, then free its
+        user's number. Idempotent; never raises."""
+        if self.limits is not None:
+            self.limits.close()
+        for held in self.leases:
+            held.close()
+
+    def _locate(self, timeout: float = 30.0) -> None:
+        """In a sandbox, point :attr:`info`'s sockets (the kernel's, in its private ``/tmp``)
+        at the supervisor's root, ``/proc/<pid>/root``: the working directory the host shares
+        with the kernel is read-only to it. Waits for the supervisor (it runs in the sandbox
+        once its command line shows); returns at once outside a sandbox.
+
+        Raises:
+            RuntimeError: the kernel's processes ended, or the supervisor did not show within
+                ``timeout`` seconds.
+        """
+        if not self.sandboxed or self._located:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            pid = self._below(lambda argv: len(argv) > 3 and argv[3].endswith(b"supervisor.py"))
+            if pid:
+                break
+            if not self.is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
+            time.sleep(0.001)
+        self.info = dict(self.info, ip=f"/proc/{pid}/root{self.info['ip']}")
+        self._located = True
+
     def cleanup_resources(self) -> None:
         """Remove the connection file and the IPC socket files. Never raises. (The client
         destroys its own ZeroMQ context when its channels stop.)"""
         _remove(self.connection_file)
+        if self.sandboxed:  # its sockets end with its /tmp; and once its supervisor is gone,
+            return  # /proc/<that pid>/root may be another process's
         for port in PORTS.values():
             _remove(f"{self.info['ip']}-{port}")
 
@@ -221,6 +267,7 @@ class Launched:
         """
         import zmq
         from jupyter_client import BlockingKernelClient
+        self._locate()
         kc = BlockingKernelClient()
         kc.context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
         kc.load_connection_info(self.info)

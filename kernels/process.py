@@ -10,10 +10,11 @@ import queue
 import select
 import shutil
 import signal
+import stat
 import tempfile
 import time
 
-from kernels import sandbox
+from kernels import identity, sandbox
 from kernels.launch import Launched
 
 
@@ -63,6 +64,7 @@ def stop_kernel(km: Launched, tag: str) -> None:
     proc = process_of(km)
     if proc is not None:
         reap(proc)
+    km.release()
     km.cleanup_resources()
 
 
@@ -159,7 +161,37 @@ def end_kernel(km: "Launched | None", kc, tag: str, workdir: str) -> None:
     if km is not None:
         stop_kernel(km, tag)
     if workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, whatever modes a cell set there (a
+    mode-000 directory, a read-only file in a read-only directory): where a plain removal
+    fails, every directory below is opened to its owner (``u+rwx``, top down: a closed one
+    cannot be listed before) and the removal tried again. Never raises.
+
+    Called once the kernel's processes are gone, so nothing changes the tree meanwhile;
+    symbolic links are never followed (each entry is ``lstat``-ed before its ``chmod``)."""
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            if st.st_mode & 0o700 != 0o700:
+                os.chmod(d, stat.S_IMODE(st.st_mode) | 0o700)
+            stack += [os.path.join(d, name) for name in os.listdir(d)]
+        except OSError:
+            continue
+    shutil.rmtree(path, ignore_errors=True)
 
 
 _swept: list[int] = []  # the pid of the process that swept already (once per process)
@@ -172,23 +204,27 @@ def sweep_stale_kernel_dirs() -> int:
     if _swept == [os.getpid()]:
         return 0
     _swept[:] = [os.getpid()]
+    from kernels import cgroups  # the control groups of those hosts' kernels too
+    cgroups.sweep_stale()
     return remove_dirs_of_gone_hosts("rlm-k-", {os.getuid(), _kernel_uid()})
 
 
 def remove_dirs_of_gone_hosts(prefix: str, owners: set[int]) -> int:
     """Remove the directories ``PREFIX<PID>-*`` in the temporary directory owned by one of
-    ``owners`` (uids) whose host process ``PID`` no longer exists; returns how many. Another
+    ``owners`` (uids; or by a kernel user of the harness's range, :mod:`kernels.identity`)
+    whose host process ``PID`` no longer exists; returns how many. Another
     user's, or one whose host is alive, is left alone. Never raises."""
     import glob
     removed = 0
     for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
         try:
             pid = int(os.path.basename(d)[len(prefix):].split("-")[0])
-            if pid == os.getpid() or os.stat(d).st_uid not in owners:
+            uid = os.stat(d).st_uid
+            if pid == os.getpid() or not (uid in owners or identity.managed(uid)):
                 continue
             os.kill(pid, 0)  # raises ProcessLookupError when the host is gone
         except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(d)
             removed += 1
         except (ValueError, IndexError, OSError):
             continue  # not ours, or its host is alive (PermissionError: another user's)

@@ -29,11 +29,14 @@ class KernelLike(Protocol):
 
     Attributes:
         sandbox_mode: how it runs (``"bwrap"``, ``"none"``, ``"gateway"``; ``""`` before start).
+        limits_mode: how a sandboxed local kernel is bounded (``"cgroup"``, ``"rlimit"``), or
+            ``""`` (not sandboxed here, or a gateway kernel: its host decides).
         pid: the process id the bridge registration names (a local kernel's top process; a
             gateway kernel's is :data:`kernels.gateway.serve.GATEWAY_PID`).
     """
 
     sandbox_mode: str
+    limits_mode: str
 
     @property
     def pid(self) -> int: ...

@@ -17,8 +17,9 @@ library only) that:
 **Unprivileged kernels.** When the host runs as root (containers, CI), a kernel running as
 root could read the host's memory and environment (``/proc/<pid>/mem``, ``environ``) or
 ptrace it, and so read the API key. So, when the host's effective uid is 0, the supervisor
-runs the kernel as an unprivileged user: :envvar:`RLM_KERNEL_USER` (a user name or a numeric
-uid), ``nobody`` by default (uid/gid 65534 if the system has no such entry). Set
+runs the kernel as an unprivileged user: by default a uid of its own from the range of
+:mod:`kernels.identity` (``nobody`` where that range cannot be used), else
+:envvar:`RLM_KERNEL_USER` (a user name or a numeric uid) for every kernel. Set
 ``RLM_KERNEL_USER=root`` to keep root kernels. A non-root host runs kernels as itself (it
 cannot switch users; asking it to is an error). An unprivileged kernel:
 
@@ -55,6 +56,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
+from kernels import identity
 from kernels.bundle import FILE
 
 __all__ = ["ENV_VAR", "TAG_VAR", "Identity", "KernelUserError", "kernel_identity", "kill_tagged",
@@ -91,8 +93,10 @@ def kernel_identity(environ=None) -> Identity | None:
     """The user kernels run as, or None to run them as the host's own user.
 
     Reads :data:`ENV_VAR` from ``environ`` (default ``os.environ``): a user name or numeric
-    uid. Unset or empty: ``nobody`` when the host's effective uid is 0, else None. ``root``,
-    ``0`` or the host's own user: None.
+    uid. Unset or empty: when the host's effective uid is 0, this host's identity in the
+    harness's range (:mod:`kernels.identity`: its group; each kernel gets a uid of its own
+    from :func:`kernel_user`), ``nobody`` where that range cannot be used; else None.
+    ``root``, ``0`` or the host's own user: None.
 
     Raises:
         KernelUserError: no such user; or a non-root host was asked to switch users.
@@ -103,7 +107,11 @@ def kernel_identity(environ=None) -> Identity | None:
     if not spec:
         if euid != 0 or not supervisor_available():
             return None
-        spec = DEFAULT_USER
+        try:  # the host's group in the harness's range: each kernel then gets a uid of its own
+            gid = identity.host_group()
+            return Identity(gid, gid, f"rlm-{gid}")
+        except OSError:
+            spec = DEFAULT_USER  # no private place for the numbers: the shared user
     try:
         entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
         ident = Identity(entry.pw_uid, entry.pw_gid, entry.pw_name)
@@ -123,6 +131,21 @@ def kernel_identity(environ=None) -> Identity | None:
     if not supervisor_available():
         raise KernelUserError(f"{ENV_VAR} needs Linux (the kernel supervisor uses prctl and /proc)")
     return ident
+
+
+def kernel_user(ident: Identity | None) -> "tuple[Identity | None, identity.Lease | None]":
+    """The user one kernel runs as, given :func:`kernel_identity`'s ``ident``: for the host's
+    identity in the harness's range, a uid of the kernel's own (in the host's group) and the
+    lease that holds it (close it once the kernel's processes are gone); else ``ident`` itself
+    and None (an explicit :data:`ENV_VAR`, or the host's own user).
+
+    Raises:
+        OSError: no free number in the range.
+    """
+    if ident is None or not identity.managed(ident.uid):
+        return ident, None
+    got = identity.lease()
+    return Identity(got.number, ident.gid, f"rlm-{got.number}"), got
 
 
 # --------------------------------------------------------------------------- paths
@@ -178,13 +201,14 @@ def reveal_plan(ident: Identity, extra: Iterable[str] = ()) -> list[list]:
                                                       if kv[0] != "/" else 0)]
 
 
-_PLANS: dict[Identity, list] = {}
+_PLANS: dict[tuple[int, int], list] = {}
 
 
 def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
                     ident: Identity | None, own_dir: bool = False,
                     limits: dict[str, int] | None = None, home: str | None = None,
-                    lifeline: int | None = None) -> list[str]:
+                    lifeline: int | None = None,
+                    fds: "tuple[list[int], int] | None" = None) -> list[str]:
     """``argv`` (a kernel command line) wrapped to run under :mod:`kernels.supervisor`.
 
     Args:
@@ -201,6 +225,10 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
         home: the kernel's home and working directory inside the sandbox.
         lifeline: in a sandbox, the file descriptor the supervisor inherits whose end-of-file
             says the host is gone (:func:`kernels.launch.lifeline_fd`).
+        fds: in a sandbox, ``(cgroup.procs descriptors, start-error descriptor)`` the
+            supervisor inherits (:class:`kernels.limits.KernelLimits`): it joins the kernel's
+            control groups through the first, and reports a failed start through the second
+            (the working directory is read-only in the sandbox).
     """
     conf: dict = {"errfile": os.path.join(workdir, ".supervisor-error"),
                   "own_dir": workdir if own_dir else None,
@@ -209,12 +237,17 @@ def supervised_argv(argv: list[str], *, workdir: str, connection_file: str,
     sandboxed = limits is not None
     if sandboxed:  # the host is not visible in the sandbox: watch bubblewrap, which dies with it
         conf.update(host=0, rlimits=limits, lifeline=lifeline)
+        if fds is not None:
+            conf.update(cgroup_fds=list(fds[0]), errfd=fds[1])
     if ident is not None:
-        if ident not in _PLANS and not sandboxed:
-            _PLANS[ident] = reveal_plan(ident)
-        chown = [workdir, connection_file] + ([os.path.dirname(home), home] if home else [])
+        # a uid of the harness's range owns nothing: one plan serves its host's every kernel
+        key = (-1, ident.gid) if identity.managed(ident.uid) else (ident.uid, ident.gid)
+        if key not in _PLANS and not sandboxed:
+            _PLANS[key] = reveal_plan(ident)
+        # in a sandbox the working directory is read-only: its group lets the kernel read it
+        chown = [os.path.dirname(home), home] if sandboxed and home else [workdir, connection_file]
         conf.update(uid=ident.uid, gid=ident.gid, user=ident.name, home=home or workdir,
-                    chown=chown, reveal=[] if sandboxed else _PLANS[ident])
+                    chown=chown, reveal=[] if sandboxed else _PLANS[key])
     # marshal, then hex: the supervisor runs under this same interpreter (sys.executable) and
     # decodes it with built-ins alone; json and base64 would import re, enum and functools
     # there, about 20 ms on the way to every kernel's start

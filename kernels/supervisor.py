@@ -194,11 +194,36 @@ def _child(conf, argv, supervisor):
             resource.setrlimit(getattr(resource, name), (value, value))
     if conf.get("lifeline") is not None:  # the host's lifeline is the supervisor's to watch
         os.close(conf["lifeline"])
+    if conf.get("errfd") is not None:  # written to only if exec fails: closed by a success
+        os.set_inheritable(conf["errfd"], False)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid, which clears it
     if os.getppid() != supervisor:
         os._exit(1)
     os.execvpe(argv[0], argv, env)
+
+
+def _join_groups(fds):
+    """Move this process into the kernel's control groups (:mod:`kernels.cgroups`): ``0``
+    written to a ``cgroup.procs`` moves the writer; every process forked later is counted."""
+    for fd in fds:
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
+def _report(conf, text):
+    """Why the kernel could not start, for the host: to CONF ``errfd`` (a file the host opened:
+    in a sandbox the working directory is read-only) or CONF ``errfile``."""
+    try:
+        if conf.get("errfd") is not None:
+            os.write(conf["errfd"], text.encode("utf-8", "replace"))
+        else:
+            with open(conf["errfile"], "w") as f:
+                f.write(text)
+    except OSError:
+        pass
 
 
 def _host_gone(lifeline):
@@ -231,6 +256,29 @@ def _watch(kernel, host, lifeline=None):
             return HOST_GONE, True
 
 
+def _remove_tree(path):
+    """Remove ``path`` whatever modes a cell set below it (as :func:`kernels.process.remove_tree`:
+    this module imports nothing of the project): directories opened to their owner, top down,
+    where a plain removal fails; links never followed."""
+    import shutil
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.lstat(d)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(d, stat.S_IMODE(st.st_mode) | 0o700)
+                stack += [os.path.join(d, name) for name in os.listdir(d)]
+        except OSError:
+            continue
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main(args):
     conf = marshal.loads(bytes.fromhex(args[0]))
     argv = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
@@ -245,17 +293,20 @@ def main(args):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, *_STOP})
+    try:
+        _join_groups(conf.get("cgroup_fds") or ())
+    except OSError as exc:
+        _report(conf, f"the kernel could not join its control group ({exc.strerror})")
+        os._exit(127)
     kernel = os.fork()
     if kernel == 0:
         try:
             _child(conf, argv, me)
         except BaseException as exc:  # report why the kernel could not start
-            try:
-                with open(conf["errfile"], "w") as f:
-                    f.write(f"{exc}")
-            except OSError:
-                pass
+            _report(conf, f"{exc}")
         os._exit(127)
+    if conf.get("errfd") is not None:  # the child's to write; no cell may reach it here
+        os.close(conf["errfd"])
     code, stopped = _watch(kernel, host, conf.get("lifeline"))
     _kill_tree(me)
     if stopped and conf.get("own_dir"):
@@ -263,8 +314,7 @@ def main(args):
         # the host does after this exits, unless it is gone or is stopped itself before that
         # (a second Ctrl-C during its shutdown). A kernel that exited on its own keeps it: it
         # may hold the reason its start failed (errfile), which the host reads.
-        import shutil
-        shutil.rmtree(conf["own_dir"], ignore_errors=True)
+        _remove_tree(conf["own_dir"])
     os._exit(code)
 
 

@@ -13,7 +13,8 @@ code  meaning
 4     the kernel failed beyond recovery (could not start, died past restarts)
 5     a budget cap ended the run (status ``budget_exceeded``)
 6     replay or resume found a divergence from the journal
-7     the run ended without an answer (iterations exhausted, no FINAL)
+7     the run ended without an answer (iterations exhausted, no FINAL, or the
+      model repeated itself: rlm.core.degenerate)
 8     ``rlm verify`` found a violation in the journal
 9     the journal failed under the run and stayed down past its retry limit
       (``JournalUnavailableError``; resume once it is back)

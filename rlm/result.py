@@ -8,7 +8,7 @@ from harness.stages.tree import StageTree
 #: Result fields kept in the journal's ``usage`` record beside the token/cost totals, so a
 #: recorded run returns the same :class:`Result` without running again.
 _EXTRA = ("iterations", "cap", "stages", "max_level", "kernels_started", "usage_estimated",
-          "sandbox")
+          "sandbox", "kernel_limits")
 
 
 @dataclass
@@ -42,6 +42,10 @@ class Result:
             estimate (bool; taken from ``tree`` when not given).
         sandbox: how the run's kernels ran: ``"bwrap"`` (each in its own sandbox, see
             docs/security.md), ``"none"``, ``"mixed"`` (some of each), or None (no kernel).
+        kernel_limits: how its sandboxed kernels were bounded: ``"cgroup"`` (each kernel as a
+            whole, over all its processes), ``"rlimit"`` (per process: this host may not create
+            control groups), ``"mixed"``, or None (no sandboxed kernel). docs/security.md,
+            "Limits per kernel".
     """
 
     answer: str | None
@@ -59,6 +63,7 @@ class Result:
     tree: StageTree | None = field(default=None, repr=False)
     usage_estimated: bool | None = None
     sandbox: str | None = None
+    kernel_limits: str | None = None
 
     def __post_init__(self) -> None:
         if self.usage_estimated is None:
@@ -73,7 +78,8 @@ class Result:
                 "cap": self.cap, "stages": self.stages, "max_level": self.max_level,
                 "kernels_started": self.kernels_started, "seconds": round(self.seconds, 3),
                 "replayed_calls": self.replayed_calls,
-                "usage_estimated": bool(self.usage_estimated), "sandbox": self.sandbox}
+                "usage_estimated": bool(self.usage_estimated), "sandbox": self.sandbox,
+                "kernel_limits": self.kernel_limits}
 
     def journal_usage(self) -> dict:
         """The ``usage`` record the journal keeps for this result (usage plus the counts
@@ -94,7 +100,8 @@ class Result:
                    usage=usage, reason=record.get("error") or "", cap=extra["cap"],
                    stages=extra["stages"] or {}, max_level=int(extra["max_level"] or 0),
                    kernels_started=int(extra["kernels_started"] or 0), replayed_calls=0,
-                   usage_estimated=bool(extra["usage_estimated"]), sandbox=extra["sandbox"])
+                   usage_estimated=bool(extra["usage_estimated"]), sandbox=extra["sandbox"],
+                   kernel_limits=extra["kernel_limits"])
 
 
 def usage_summary(tree: StageTree) -> dict:

@@ -74,7 +74,7 @@ ENVIRONMENT = """\
 | `RLM_HOST` | host name recorded as a run's owner (default: the machine's host name) |
 | `RLM_CACHE_DIR` | assembled model weights and token ranks (default `~/.cache/rlm`) |
 | `RLM_DEBUG=1` | show tracebacks of unexpected errors (and let kernels write to the terminal) |
-| `RLM_KERNEL_USER` | the user kernels run as when the host runs as root (default `nobody`; `root` keeps root kernels); see [Security](../security.md) |
+| `RLM_KERNEL_USER` | the user kernels run as when the host runs as root (default: a uid of each kernel's own, from 2^20 up; `root` keeps root kernels); see [Security](../security.md#unprivileged-kernels-when-the-host-is-root) |
 | `RLM_OTEL=1` | `--otel` on every `rlm run` and `rlm resume` |
 | `RLM_SERVE_API_KEY` | the key `rlm serve` requires (`--api-key`) |
 | `TMPDIR` | where scratch files of contexts are written |

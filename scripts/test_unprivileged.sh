@@ -18,5 +18,6 @@ runuser -u rlm-ci -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME_DIR" s
     '$PY3' -m venv .venv
     .venv/bin/python -m pip install -q -e . pytest pytest-timeout
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel/test_escape.py \
-        tests/kernel/test_sandbox_modes.py tests/context/test_confined.py \
-        tests/kernel/test_bridge_limits.py tests/kernel/test_cell_data.py -rs"
+        tests/kernel/test_sandbox_modes.py tests/kernel/test_limits.py tests/kernel/test_tenants.py \
+        tests/kernel/test_cgroups.py tests/kernel/test_bridge_limits.py tests/kernel/test_cell_data.py \
+        tests/context/test_confined.py -rs"

@@ -60,6 +60,8 @@ class GatewayKernel:
     """
 
     sandbox_mode = "gateway"
+    #: how its limits are enforced: the gateway host's kernelspec decides, not this host
+    limits_mode = ""
 
     def __init__(self, client: GatewayClient, kernelspec: str = DEFAULT_KERNELSPEC,
                  start_timeout: float = 60.0, spec=None) -> None:

@@ -10,9 +10,10 @@ network, the default limits and a scrubbed environment, in a working directory o
 Channels. Without a network the kernel cannot serve TCP ports the gateway could reach, so the
 gateway must use the IPC transport (``--KernelManager.transport=ipc``): its connection file
 then names socket paths next to the file, in a directory every kernel of the gateway shares.
-The launcher binds the kernel's sockets in the kernel's own working directory instead and
-links the paths the gateway connects to there, so a kernel sees no other kernel's sockets or
-connection file. Interrupts go as messages (``interrupt_mode: message``): the gateway's
+The kernel binds its sockets in its private ``/tmp`` instead (as a local sandboxed kernel does)
+and the launcher links the paths the gateway connects to there, through the supervisor's root
+(``/proc/PID/root``), so a kernel sees no other kernel's sockets or connection file. Its
+working directory is read-only to it but for its context inbox. Interrupts go as messages (``interrupt_mode: message``): the gateway's
 process is the launcher, not the kernel.
 
 Contexts. The launcher keeps the host's context cache (``--cache``, default
@@ -69,75 +70,92 @@ def _kernel_argv(connection_file: str) -> list[str]:
             "--IPKernelApp.log_level=CRITICAL"]
 
 
-def _private_channels(info: dict, workdir: str) -> tuple[dict, list[str]]:
-    """The connection info with the kernel's IPC sockets in ``workdir``, and the paths the
-    gateway connects to linked there (returned too, to be removed). Raises SystemExit for a TCP connection file."""
+def _sandboxed(info: dict, workdir: str, limits: dict, cache: str | None):
+    """Start the kernel in the sandbox (as :class:`kernels.kernel.Kernel` starts a local one);
+    returns ``(launched, links)``: the :class:`kernels.launch.Launched` kernel and the paths the
+    gateway connects to, linked to its sockets. Raises SystemExit for a TCP connection file."""
+    from kernels import sandbox as sb
+    from kernels.bwrap import CTX_DIR, SANDBOX_HOME, SANDBOX_SOCKETS, SandboxSpec, bwrap_argv
+    from kernels.launch import launch as start, lifeline_fd
+    from kernels.limits import KernelLimits
+    from kernels.secrets import kernel_env
     if info.get("transport") != "ipc":
         raise SystemExit("rlm kernelspec: a sandboxed kernel has no network, so the gateway must "
                          "use IPC channels: start it with --KernelManager.transport=ipc")
-    mine = dict(info, ip=os.path.join(workdir, "k"))
+    ident, held = sb.kernel_user(sb.kernel_identity())
+    spec, tag = _spec(SandboxSpec, limits), os.urandom(8).hex()
+    os.makedirs(os.path.join(workdir, CTX_DIR))
+    inbox = os.path.join(workdir, "inbox")  # the one directory of it the kernel may write
+    os.makedirs(inbox)
+    if ident is not None:
+        os.chown(inbox, ident.uid, ident.gid)
+        os.chown(workdir, -1, ident.gid)
+        os.chmod(workdir, 0o750)
+    lim = KernelLimits(spec, tag, workdir)
+    own = os.path.join(workdir, "kernel.json")
+    argv = sb.supervised_argv(_kernel_argv(own), workdir=workdir, connection_file=own,
+                              ident=ident, limits=spec.rlimits(), home=SANDBOX_HOME,
+                              lifeline=lifeline_fd(), fds=(lim.cgroup_fds, lim.errfd))
+    argv = bwrap_argv(argv, workdir=workdir, spec=spec, seccomp_fd=lim.seccomp_fd)
+    at = argv.index("--")
+    argv[at:at] = ["--bind", inbox, inbox]
+    extra = {sb.TAG_VAR: tag, "RLM_CONTEXT_INBOX": inbox}
+    if cache and os.path.isdir(cache):
+        argv[at:at] = ["--ro-bind", cache, "/rlm-cache"]
+        extra["RLM_CONTEXT_CACHE"] = "/rlm-cache"
+    km = start(argv, connection_file=own, info=dict(info, ip=SANDBOX_SOCKETS),
+               env=kernel_env(extra), cwd=workdir, sandboxed=True, pass_fds=lim.fds(),
+               group=ident.gid if ident is not None else None)
+    lim.started()
+    km.limits = lim
+    if held is not None:
+        km.leases.append(held)
+    km._locate()  # the kernel's sockets, seen through its supervisor's root
     links = []
     for key in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
         link = f"{info['ip']}-{info[key]}"
-        try:
-            os.unlink(link)
-        except FileNotFoundError:
-            pass
-        os.symlink(f"{mine['ip']}-{info[key]}", link)
+        _unlink(link)
+        os.symlink(f"{km.info['ip']}-{info[key]}", link)
         links.append(link)
-    return mine, links
+    return km, links
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = None,
            limits: dict | None = None) -> int:
     """Run one kernel for the gateway (see the module's text), with the sandbox's default
     limits or ``limits`` (as :func:`kernel_json`); returns its exit status."""
-    from kernels import sandbox as sb
-    from kernels.bwrap import CTX_DIR, SANDBOX_HOME, SandboxSpec, bwrap_argv
-    from kernels.launch import lifeline_fd
-    from kernels.secrets import kernel_env
     with open(connection_file, encoding="utf-8") as f:
         info = json.load(f)
     base = os.environ.get("RLM_GATEWAY_WORKDIR") or tempfile.gettempdir()
     workdir = tempfile.mkdtemp(prefix="rlm-gk-", dir=base)
-    links = []
-    extra: dict = {sb.TAG_VAR: os.urandom(8).hex()}
+    os.chmod(workdir, 0o755)
+    links: list[str] = []
+    km = None
     try:
         if sandbox == "none":
-            argv, fds = _kernel_argv(connection_file), ()
+            from kernels.secrets import kernel_env
+            proc = subprocess.Popen(_kernel_argv(connection_file), env=kernel_env(),
+                                    cwd=workdir)
         else:
-            info, links = _private_channels(info, workdir)
-            own = os.path.join(workdir, "kernel.json")
-            fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(info, f)
-            spec = _spec(SandboxSpec, limits or {})
-            os.makedirs(os.path.join(workdir, CTX_DIR), exist_ok=True)
-            inbox = os.path.join(workdir, "inbox")
-            os.makedirs(inbox)
-            extra["RLM_CONTEXT_INBOX"] = inbox
-            argv = sb.supervised_argv(_kernel_argv(own), workdir=workdir, connection_file=own,
-                                      ident=sb.kernel_identity(), limits=spec.rlimits(),
-                                      home=SANDBOX_HOME, lifeline=lifeline_fd())
-            argv = bwrap_argv(argv, workdir=workdir, spec=spec)
-            if cache and os.path.isdir(cache):
-                i = argv.index("--")
-                argv[i:i] = ["--ro-bind", cache, "/rlm-cache"]
-                extra["RLM_CONTEXT_CACHE"] = "/rlm-cache"
-            fds = (lifeline_fd(),)
-        proc = subprocess.Popen(argv, env=kernel_env(extra), cwd=workdir, pass_fds=fds)
+            km, links = _sandboxed(info, workdir, limits or {}, cache)
+            proc = km.process
         signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-        signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
         rc = proc.wait()
         if cache:
             _harvest(os.path.join(workdir, "inbox"), cache)
         return rc
     finally:
         for link in links:
-            try:
-                os.unlink(link)
-            except OSError:
-                pass
+            _unlink(link)
+        if km is not None:
+            km.release()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -33,7 +33,7 @@ EXIT_CODES = """exit codes:
   4    a kernel failed beyond recovery (could not start, or kept dying)
   5    a budget cap ended the run (status budget_exceeded; the cap is named on stderr)
   6    replay/resume found a divergence from the journal
-  7    the run ended without an answer (iterations exhausted, no FINAL)
+  7    the run ended without an answer (no FINAL in its iterations, or the model repeated itself)
   8    rlm verify found a violation (the first bad event is named on stderr)
   9    the journal failed under the run (connection lost, disk full, locked, removed) and
        stayed down past RLM_JOURNAL_RETRY_SECONDS; `rlm resume` it once the journal is back
@@ -54,7 +54,7 @@ ENVIRONMENT = """environment:
   RLM_HOST          host name recorded as a run's owner (default: the machine's host name)
   RLM_CACHE_DIR     cache for assembled model weights and token ranks (default ~/.cache/rlm)
   RLM_DEBUG=1       print tracebacks for unexpected errors
-  RLM_KERNEL_USER   user kernels run as when the host is root (default nobody; root: as root)
+  RLM_KERNEL_USER   user kernels run as when the host is root (default: one per kernel)
 """
 
 

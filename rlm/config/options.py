@@ -415,17 +415,20 @@ OPTIONS: tuple[Option, ...] = (
            doc="sandboxed kernels keep the network"),
     Option("kernel_memory_mb", "--kernel-memory", int, 4096, min=256, max=1_048_576,
            metavar="MB", group=SANDBOX, commands=_RUN_RESUME, stored=True,
-           help="address space of a sandboxed kernel, MiB (default 4096)",
-           doc="address space of a sandboxed kernel (MiB)"),
+           help="memory of a sandboxed kernel, all its processes together, and the address "
+                "space of each, MiB (default 4096)",
+           doc="memory of a sandboxed kernel, all its processes together where its control "
+               "group holds, and each process's address space (MiB)"),
     Option("kernel_processes", "--kernel-processes", int, 1024, min=16, max=1_000_000,
            metavar="N", group=SANDBOX, commands=_RUN_RESUME, stored=True,
-           help="processes and threads of a sandboxed kernel (default 1024)",
+           help="processes and threads of a sandboxed kernel, all together (default 1024)",
            doc="processes and threads of a sandboxed kernel"),
     Option("kernel_disk_mb", "--kernel-disk", int, 1024, min=16, max=1_048_576, metavar="MB",
            group=SANDBOX, commands=_RUN_RESUME, stored=True,
-           help="private /tmp and home of a sandboxed kernel, and its largest file, MiB "
-                "(default 1024)",
-           doc="private `/tmp` and home of a sandboxed kernel, and its largest file (MiB)"),
+           help="private /tmp and home, and /dev/shm, of a sandboxed kernel, each, and its "
+                "largest file, MiB (default 1024)",
+           doc="private `/tmp` and home, and `/dev/shm`, of a sandboxed kernel, each, and its "
+               "largest file (MiB)"),
     Option("kernel_seed", "--kernel-seed", int, 0, min=0, max=4_294_967_295, metavar="N",
            group=SANDBOX, commands=(RUN,), stored=True,
            help="seed of every kernel's chance: its hash seed (set order), random and NumPy; "

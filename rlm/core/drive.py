@@ -240,7 +240,7 @@ def _result(run: RunTree, end: _RunEnd, recorded: Replay | None, t0: float) -> R
                   max_level=run.tree.max_level(), kernels_started=run.kernels_started,
                   seconds=time.monotonic() - t0,
                   replayed_calls=recorded.served if recorded else 0, tree=run.tree,
-                  sandbox=run.sandbox_mode)
+                  sandbox=run.sandbox_mode, kernel_limits=run.kernel_limits)
 
 
 def _usage(run: RunTree) -> dict:

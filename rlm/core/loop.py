@@ -24,7 +24,7 @@ from rlm.prompting import prompts
 from rlm.context.load import LoadedContext, describe
 from rlm.errors import ContextError, KernelError
 from rlm.prompting.parsing import parse_reply
-from rlm.core import compaction
+from rlm.core import compaction, degenerate
 from rlm.core.run_tree import RunTree
 from rlm.core.schema import AnswerCheck
 from rlm.core.subcalls import Subcalls, interrupt_note
@@ -82,6 +82,7 @@ class RLMLoop:
         # what executed code set with FINAL (and the answer check let through) while the run
         # was stopping: the only partial answer a loop has (never the model's unexecuted reply)
         self.final_set: str | None = None
+        self.repeats = degenerate.Repeats()  # ends a loop that only repeats itself
         self._kernel_future: Task | None = None
         self._closed = False
         # a session's question (rlm.core.session_kernel): the root borrows the session's
@@ -118,6 +119,8 @@ class RLMLoop:
             answer = self._turn(i, messages)
             if answer is not None:
                 return Outcome(answer, "completed", self.iterations)
+            if self.repeats.stop:
+                return Outcome(None, "failed", self.iterations, self.repeats.stop)
         return Outcome(None, "failed", self.iterations,
                        f"no FINAL after {turns} iterations and a last turn")
 
@@ -167,6 +170,8 @@ class RLMLoop:
                 note = prompts.PROSE_FINAL if parsed.prose_final() else prompts.NO_CODE
                 if cut_note:
                     note = cut_note if parsed.unclosed_code() else cut_note + " " + note
+                more = self.repeats.turn(reply, comp.cut)  # a repeat: rlm.core.degenerate
+                note += "\n\n" + more if more else ""
                 messages.append({"role": "user", "content": note})
                 it.evidence = note
                 return None
@@ -176,6 +181,8 @@ class RLMLoop:
                 return answer
             if cut_note:
                 feedback.append(cut_note)
+            more = self.repeats.turn(reply, comp.cut)
+            feedback += [more] if more else []
             messages.append({"role": "user", "content": "\n\n".join(feedback)})
             it.evidence = feedback[-1][:2000]
             return None
@@ -208,6 +215,7 @@ class RLMLoop:
                     cell_scope.close()
                 if cut is not None:
                     cut()
+                self.repeats.cell(code, res.error)
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = cell_evidence(code, out, res)
                 if res.final is not None and self.check is not None:

@@ -129,6 +129,7 @@ class RunTree:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.sandbox_modes: set[str] = set()  # how the kernels it took ran
+        self.limit_modes: set[str] = set()  # and how the sandboxed ones were bounded
         # the root's and the children's kernels, where --kernels places them
         self.pool = make_pools(options, self.sandbox, pool_size, adopt_head)
         # a session's question: the session's bridge, so the token in its kernel stays valid
@@ -433,8 +434,22 @@ class RunTree:
         except RuntimeError as exc:  # could not start (the message says why)
             from rlm.errors import KernelError
             raise KernelError(str(exc)) from None
-        self.sandbox_modes.add(kernel.sandbox_mode)
+        self.took(kernel)
         return kernel
+
+    def took(self, kernel: Any) -> None:
+        """Note how ``kernel`` (a :class:`kernels.kernel.Kernel` this run uses) ran."""
+        self.sandbox_modes.add(kernel.sandbox_mode)
+        if kernel.limits_mode:
+            self.limit_modes.add(kernel.limits_mode)
+
+    @property
+    def kernel_limits(self) -> str | None:
+        """How this run's sandboxed kernels were bounded: ``"cgroup"`` (each as a whole),
+        ``"rlimit"`` (per process), ``"mixed"``, or None (no sandboxed kernel)."""
+        if not self.limit_modes:
+            return None
+        return next(iter(self.limit_modes)) if len(self.limit_modes) == 1 else "mixed"
 
     @property
     def sandbox_mode(self) -> str | None:

@@ -104,7 +104,7 @@ class SessionKernel:
             kernel = pool.acquire()
         except RuntimeError as exc:
             raise KernelError(str(exc)) from None
-        run.sandbox_modes.add(kernel.sandbox_mode)
+        run.took(kernel)
         return kernel
 
     def attach(self, loop: Any) -> bool:

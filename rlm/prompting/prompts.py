@@ -6,26 +6,13 @@ item lengths), never the context itself.
 Small models (the embedded 0.5B) copy a worked example almost token for token
 and change little more than the question and the search words, so the ``small``
 profile carries two complete, correct programs and the model picks the one that
-fits the question: a count with ``re`` (how many times, most common), which code
-answers exactly, and, first, a lookup in a long text:
-
-1. pick the rare words of the question and count how often each occurs;
-2. score every match by the words found within 1,000 characters of it, each word
-   weighted by 1/its count (a rare word counts more), so the place where the
-   question's words meet comes first;
-3. ask ``llm_query`` about a 3,000-character window around at most 4 distinct best
-   places, with the prompt "Text: ... Question: ... Answer with the answer only, or
-   NONE if the text does not say";
-4. keep a reply only if it is not NONE and every word of it occurs in its window
-   (small sub-models invent plausible answers for windows without the fact; a right
-   answer worded otherwise, or a list, still passes);
-5. call ``FINAL`` from code, with "NOT FOUND" when no window gave a kept reply, so a
-   fruitless search ends in one turn instead of being repeated until the iteration
-   cap (the 0.5B repeats the same cell turn after turn).
-
-Sizes are inline literals, never variables the model might replace. Words match at
-a word start with up to two more letters (plurals), so "Dan" does not match "danger".
-A list or dict context is joined into one string first (the ``to_text`` line).
+fits the question: first a lookup in a long text (the rare words of the question,
+the place where they meet, a sub-call about a window around it, a reply kept only
+when it answers), then a count with ``re`` (how many times, most common), which code
+answers exactly. The programs, and why each line is there, are in
+:mod:`rlm.prompting.programs`; sizes are inline literals, never variables the model
+might replace, and a list or dict context is joined into one string first (the
+``to_text`` line).
 
 That prompt is the ``small`` profile; ``small-count`` (:data:`SYSTEM_SMALL_COUNT`), an
 earlier layout with counting first, is kept for comparison. The ``general`` profile
@@ -41,6 +28,8 @@ from __future__ import annotations
 
 import json
 import string
+
+from rlm.prompting import programs
 
 _SMALL_HEAD = """You answer questions about a long text that you cannot see directly. \
 The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). \
@@ -74,68 +63,12 @@ _SMALL_RULES = r"""Rules:
 Example 1. Question: "What colour is the door of the old lighthouse?"
 """
 
-#: The lookup program (Example 1), from ```repl to the closing ```: shared with
-#: :data:`SYSTEM_SMALL_COUNT`. A reply is kept when every word of it occurs in its window, so
-#: a right answer the sub-model words differently from the text ("The number is 12.") or a
-#: list ("3, 7, 9") is kept, and an invented one (a word the window lacks) is not.
-_LOOKUP = """```repl
-import re
-question = "What colour is the door of the old lighthouse?"
-words = ["lighthouse", "door", "colour"]
-{to_text}
-def find(word, s):
-    return [m.start() for m in re.finditer(r"\\b" + re.escape(word) + r"\\w{{0,2}}\\b", s, re.IGNORECASE)]
-counts = {{w: len(find(w, text)) for w in words}}
-print(counts)
-places = []
-for w in words:
-    for pos in find(w, text):
-        near = text[max(0, pos - 1000):pos + 1000]
-        places.append((sum(1 / counts[v] for v in words if find(v, near)), pos))
-places.sort(key=lambda p: -p[0])
-answer = None
-asked = []
-for score, pos in places:
-    if len(asked) == 4:
-        break
-    if any(abs(pos - a) < 2000 for a in asked):
-        continue
-    asked.append(pos)
-    window = text[max(0, pos - 1500):pos + 1500]
-    reply = llm_query("Text: " + window + "\\n\\nQuestion: " + question + "\\nAnswer with the answer only, or NONE if the text does not say.")
-    reply = reply.strip().strip(".")
-    print(pos, repr(reply))
-    if reply and "NONE" not in reply.upper() and set(re.findall(r"\\w+", reply.lower())) <= set(re.findall(r"\\w+", window.lower())):
-        answer = reply
-        break
-if answer is None:
-    answer = "NOT FOUND"
-FINAL(answer)
-```
-"""
+#: The lookup program (Example 1), shared with :data:`SYSTEM_SMALL_COUNT` (see
+#: :mod:`rlm.prompting.programs`).
+_LOOKUP = programs.LOOKUP
 
-#: The counting program (Example 2), the hint for most-common questions, and the context's
-#: metadata last, so everything before it is a fixed prefix llama.cpp's prompt cache reuses.
-#: The program imports ``Counter`` though the count does not use it: the 0.5B writes the hint's
-#: FINAL line in place of the program's and leaves out the import the hint names (then resends
-#: the NameError); and the hint keeps its wording: "the same program ends with `FINAL(...)`"
-#: made the model FINAL the count instead (cwe and fwe at 36k).
-_SMALL_COUNT_EXAMPLE = r"""
-Example 2. Question: "How many times does the word "harbour" appear in the text? Count whole words, ignoring case."
-```repl
-import re
-from collections import Counter
-{to_text}
-count = len(re.findall(r"(?<!\w)" + re.escape("harbour") + r"(?!\w)", text, re.IGNORECASE))
-print(count)
-FINAL(count)
-```
-"Exactly as written" or "case-sensitive" means: leave out `re.IGNORECASE`. For "the 3 most common words": `from collections import Counter` and `FINAL(", ".join(w for w, n in Counter(re.findall(r"[a-z]+", text.lower())).most_common(3)))`.
-
-In your code, use the question you were asked and its own words, not the words of these examples.
-
-About `context`: {meta}
-"""
+#: The counting program (Example 2), its hint and the metadata (:mod:`rlm.prompting.programs`).
+_SMALL_COUNT_EXAMPLE = programs.COUNT_EXAMPLE
 
 #: The ``small`` profile: the lookup (Example 1) and counting with code (Example 2); the model
 #: picks one by the question. Measured on the embedded 0.5B at 36k tokens, depth 1, n = 5
@@ -211,7 +144,7 @@ _COUNT_MAP_RULE = "   - a question about each item of a list that needs reading 
 _COUNT_MAP_EXAMPLE = r"""Example B. Question: "How many of these items are about ships?" (`context` is a list of items like "q0001: ...")
 ```repl
 import re
-items = context if isinstance(context, list) else context.split("\n")
+items = context if isinstance(context, list) else list(context.values()) if isinstance(context, dict) else str(context).split("\n")
 groups = [items[i:i + 30] for i in range(0, len(items), 30)]
 prompts = ["Items:\n" + "\n".join(str(x) for x in g) + "\n\nWhich of these items are about ships? Reply with their ids only, separated by commas, or NONE." for g in groups]
 replies = llm_query_batched(prompts)
@@ -276,19 +209,7 @@ def _swap(text: str, start: str, end: str | None, new: str) -> str:
     return text[:i] + new + text[j:]
 
 
-_LOOKUP_NO_SUBCALLS = _swap(_LOOKUP, "answer = None\nasked = []\n", "FINAL(answer)\n```\n", """\
-shown = []
-for score, pos in places:
-    if len(shown) == 3:
-        break
-    if any(abs(pos - a) < 1000 for a in shown):
-        continue
-    shown.append(pos)
-    print(pos, repr(text[max(0, pos - 300):pos + 300]))
-```
-Read the windows it prints. In your next turn, call FINAL with the answer they give (in a \
-```repl block), or FINAL("NOT FOUND") when none of them has it.
-""")
+_LOOKUP_NO_SUBCALLS = programs.LOOKUP_NO_SUBCALLS
 _SMALL_HEAD_NO_SUBCALLS = _swap(_SMALL_HEAD, "- `llm_query(prompt)` asks", "list of answers.\n",
                                 NO_SUBCALLS_LINE)
 

@@ -36,6 +36,10 @@ def test_the_embedded_servers_window_is_kept_to(tmp_path, monkeypatch):
             super().__init__(*a, n_ctx=N_CTX, cache_dir=tmp_path, **kw)
 
     monkeypatch.setattr(embedded, "EmbeddedServer", SmallWindow)
+    # the tiny model resends the same (failing) cell every turn, which would end the loop at
+    # its third repeat (rlm.core.degenerate): this test needs the turns to fill the window
+    from rlm.core import degenerate
+    monkeypatch.setattr(degenerate, "LIMIT", 100)
     context = "\n".join(f"Record {i}: the harbour master logged ship number {i * 7} at dawn."
                         for i in range(400))
     journal = tmp_path / "j.sqlite3"

@@ -7,6 +7,8 @@ kernel against the scripted endpoint.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conftest import Reply, last_user, repl, script, sub_requests
@@ -35,45 +37,121 @@ def test_the_small_profile_offers_the_lookup_then_counting_and_ends_with_the_met
     assert text.rstrip().rsplit("\n", 1)[-1].startswith("About `context`:")
 
 
+def _copied(code: str, question: str, **swap: str) -> str:
+    """``code`` with the question and the example's words swapped as a copying model does."""
+    code = re.sub(r'question = """.*?"""', lambda _: f'question = """{question}"""', code)
+    for old, new in swap.items():
+        code = code.replace(old, new)
+    return code
+
+
+VAULT = FILLER + "The code of the east vault is 7341-QX; the west vault's is 7342-QY. " + FILLER
+
+
 @pytest.mark.parametrize("sub_reply,answer", [
     ("7341-QX", "7341-QX"),                                # word for word
     ("The code is 7341-QX.", "The code is 7341-QX"),      # worded otherwise, every word there
     ("7341-QX, 7342-QY", "7341-QX, 7342-QY"),              # a list
     ("9999-ZZ", "NOT FOUND"),                              # invented: not in the window
-    ("NONE", "NOT FOUND")])
-def test_the_lookup_keeps_a_reply_only_when_its_window_has_every_word(api, sub_reply, answer):
-    code = _program("Example 1. Question").replace(
-        '"What colour is the door of the old lighthouse?"', '"What are the vault codes?"').replace(
-        '["lighthouse", "door", "colour"]', '["vault", "codes"]')
-    context = FILLER + "The code of the east vault is 7341-QX; the west vault's is 7342-QY. " + FILLER
+    ("NONE", "NOT FOUND"),
+    ("None of it.", "NOT FOUND"),
+    # a sentence of the question's own words, copied from the window: not an answer
+    ("the vault", "NOT FOUND"),
+    ("Vault.", "NOT FOUND"),
+    # a copied passage (over 30 words), every word of it in the window
+    ("The river ran past the mill and the fields were quiet " * 3 + "vault", "NOT FOUND")])
+def test_the_lookup_keeps_a_reply_only_when_it_answers(api, sub_reply, answer):
+    """The kept-reply rule (``programs.KEEP_RULE``): not NONE, at most 30 words, every word in
+    its window, and a word that is not the question's."""
+    code = _copied(_program("Example 1. Question"), "What are the vault codes?",
+                   **{'["lighthouse", "door", "colour"]': '["vault", "codes"]'})
 
     def sub(req):
         assert "What are the vault codes?" in last_user(req)
         return Reply(content=sub_reply)
 
-    res, srv = api(script([repl(*code.splitlines())], sub), context, "What are the vault codes?",
+    res, srv = api(script([repl(*code.splitlines())], sub), VAULT, "What are the vault codes?",
                    prompt="small", max_depth=1)
     assert res.status == "completed", res.reason
     assert res.answer == answer
-    assert len(sub_requests(srv)) == 1  # one place: both codes lie in one window
+    # one place (both codes lie in one window); a reply not kept leaves nothing else to ask
+    assert len(sub_requests(srv)) == 1
 
 
-@pytest.mark.parametrize("target,ignore_case,expected", [
-    ("vault", True, "7"), ("vault", False, "4"), ("open vault", True, "2"),
-    ("open vault", False, "1")])
+@pytest.mark.parametrize("both,answer", [
+    ("Acme Corp, after repeated late deliveries of steel.",
+     "Acme Corp, after repeated late deliveries of steel."),
+    # a second reply that drops the first part's answer: the first stands
+    ("Because of late deliveries.", "Acme Corp")])
+def test_a_two_part_question_is_found_by_its_first_part_then_asked_whole(api, both, answer):
+    """"Which supplier was dropped in 2019, and why?": the 0.5B answered NONE to two-part
+    questions whenever NONE was offered, even with the fact in its window. The lookup finds
+    the window with the first part ("Which supplier was dropped in 2019?", NONE offered), then
+    asks that window for both parts; that reply replaces the first when it contains it."""
+    question = "Which supplier was dropped in 2019, and why?"
+    code = _copied(_program("Example 1. Question"), question,
+                   **{'["lighthouse", "door", "colour"]': '["supplier", "dropped", "2019"]'})
+    context = (FILLER + "In 2019 the company dropped its supplier Acme Corp after repeated late "
+               "deliveries of steel. " + FILLER)
+    asked = []
+
+    def sub(req):
+        asked.append(last_user(req).rsplit("Question: ", 1)[1])
+        return Reply(content="Acme Corp" if "NONE" in asked[-1] else both)
+
+    res, _ = api(script([repl(*code.splitlines())], sub), context, question, prompt="small",
+                 max_depth=1)
+    assert res.status == "completed", res.reason
+    assert asked == ["Which supplier was dropped in 2019?\nAnswer with the answer only, or NONE "
+                     "if the text does not say.",
+                     question + "\nAnswer both parts of the question in one sentence that "
+                     'starts with "Acme Corp".']
+    assert res.answer == answer
+
+
+def test_a_one_part_question_is_asked_once_with_none_offered(api):
+    code = _copied(_program("Example 1. Question"), "What are the vault codes?",
+                   **{'["lighthouse", "door", "colour"]': '["vault", "codes"]'})
+    asked = []
+
+    def sub(req):
+        asked.append(last_user(req).rsplit("Question: ", 1)[1])
+        return Reply(content="7341-QX")
+
+    res, _ = api(script([repl(*code.splitlines())], sub), VAULT, "What are the vault codes?",
+                 prompt="small", max_depth=1)
+    assert res.answer == "7341-QX"
+    assert asked == ["What are the vault codes?\nAnswer with the answer only, or NONE if the "
+                     "text does not say."]
+
+
+CASE_TEXT = ("A vault. The vault, the Vault! vaults and vaulted rooms; VAULT and vault. "
+             "open vault, Open Vault, open\nvault, open vaulted. " + FILLER)
+
+
+@pytest.mark.parametrize("question,target,expected", [
+    ('How many times does "vault" appear?', "vault", "8"),
+    ('How many times does the word "vault" appear? Count whole words, ignoring case.', "vault",
+     "8"),
+    ('How many times does "vault" appear, case-sensitive?', "vault", "5"),
+    ('Count the exact case matches of "Vault".', "Vault", "2"),
+    ('How often is "VAULT" written, match case?', "VAULT", "1"),
+    ("How many times does 'Vault' appear with a capital V?", "Vault", "2"),
+    ('How many times does "vault" occur, exactly as written?', "vault", "5"),
+    ('How many times does "Vault" appear? Case-insensitive.', "Vault", "8"),
+    ('How many times does "Vault" appear regardless of case?', "Vault", "8"),
+    ('How many times does the phrase "open vault" appear?', "open vault", "3"),
+    ('How many times does the phrase "open vault" appear (case-sensitive)?', "open vault", "2")])
 @pytest.mark.parametrize("depth", [0, 1])
-def test_the_counting_program_counts_whole_words_exactly(api, target, ignore_case, expected,
-                                                         depth):
-    """Counted as the question states it: whole words ('vaults', 'vaulted' do not count), a
-    phrase as a word, with or without case; the same program at depth 0, where it needs no
-    sub-call."""
-    code = _program("Example 2. Question", depth).replace('"harbour"', f'"{target}"')
-    if not ignore_case:  # "exactly as written": the prompt says to leave out re.IGNORECASE
-        code = code.replace(", re.IGNORECASE", "")
-    context = ("A vault. The vault, the Vault! vaults and vaulted rooms; VAULT and vault. "
-               "open vault, Open Vault, open vaulted. " + FILLER)
-    res, srv = api(script([repl(*code.splitlines())]), context,
-                   f'How many times does "{target}" appear?', prompt="small",
+def test_the_counting_program_follows_the_case_and_phrase_rules_the_question_states(
+        api, question, target, expected, depth):
+    """The model copies the question and the word; the program reads the case rule from the
+    question's own words (a flag the model had to flip, it never flipped), counts whole words
+    ('vaults', 'vaulted' do not count) and a phrase across a line break; the same program at
+    depth 0, where it needs no sub-call."""
+    code = _copied(_program("Example 2. Question", depth), question,
+                   **{'"harbour"': repr(target)})
+    res, srv = api(script([repl(*code.splitlines())]), CASE_TEXT, question, prompt="small",
                    max_depth=depth)
     assert res.status == "completed", res.reason
     assert res.answer == expected
@@ -94,3 +172,17 @@ def test_the_most_common_hint_runs_in_the_counting_program(api):
                  "What are the 3 most common words?", prompt="small")
     assert res.status == "completed", res.reason
     assert res.answer == "apple, pear, kiwi"
+
+
+def test_the_lookup_runs_with_the_counting_programs_head_in_place_of_its_own(api):
+    """Seen on the embedded model: the lookup copied with Example 2's imports in place of its
+    own head. The lookup needs no import but ``re``, so the blend still runs and answers."""
+    lookup = _copied(_program("Example 1. Question"), "What are the vault codes?",
+                     **{'["lighthouse", "door", "colour"]': '["vault", "codes"]'})
+    count_head = _program("Example 2. Question").split("question = ", 1)[0]
+    lookup_head = lookup.split("question = ", 1)[0]
+    code = count_head + lookup[len(lookup_head):]
+    res, _ = api(script([repl(*code.splitlines())], lambda req: Reply(content="7341-QX")),
+                 VAULT, "What are the vault codes?", prompt="small", max_depth=1)
+    assert res.status == "completed", res.reason
+    assert res.answer == "7341-QX"
