@@ -79,8 +79,8 @@ def pool_size_for(max_depth: int, pool_size: int | None = None) -> int:
     return DEFAULT_POOL_SIZE if max_depth >= 2 else 0
 
 
-def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> Pending:
-    """Start ``kernels`` kernels now (at least 1), before the run that needs them exists; the
+def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> "Pending | None":
+    """Start ``kernels`` kernels now (none for 0), before the run that needs them exists; the
     ones already pending count (so a second call starts nothing more).
 
     A process that is about to run an RLM calls this as early as it can, with the root's kernel
@@ -98,12 +98,16 @@ def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> Pending:
         sandbox: how the kernels are sandboxed (default :class:`SandboxSpec`'s); a run adopts
             them only when its own spec is the same.
     Returns:
-        the first :class:`Pending` start (errors surface in the pool that adopts it).
+        the first :class:`Pending` start (errors surface in the pool that adopts it), None when
+        none was asked for and none is pending.
     """
     from kernels.secrets import hide_startup_secrets
     hide_startup_secrets()
+    if int(kernels) <= 0:  # none asked for (the run's kernels start elsewhere)
+        with _head_lock:
+            return _head[0] if _head else None
     with _head_lock:
-        while len(_head) < max(1, int(kernels)):
+        while len(_head) < int(kernels):
             _head.append(Pending(Kernel(sandbox=sandbox), launch_here=not _head))
         return _head[0]
 

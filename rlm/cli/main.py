@@ -445,10 +445,11 @@ def _depth_flags(argv: list[str]) -> dict:
     first, in the sandbox the run asks for."""
     out: dict = {"kernel_network": True} if "--kernel-network" in argv else {}
     for i, arg in enumerate(argv):
-        if arg == "--sandbox" and i + 1 < len(argv):
-            out["sandbox"] = argv[i + 1]
-        elif arg.startswith("--sandbox="):
-            out["sandbox"] = arg[len("--sandbox="):]
+        for flag in ("--sandbox", "--kernels"):  # --kernels: no local head start for a gateway
+            if arg == flag and i + 1 < len(argv):
+                out[flag[2:]] = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                out[flag[2:]] = arg[len(flag) + 1:]
         for flag, key in _AHEAD_FLAGS:
             if arg == flag and i + 1 < len(argv):
                 value = argv[i + 1]

@@ -48,12 +48,14 @@ def recursive(req):
     return repl("FINAL('n' + str(len(context)) + '[' + sub + ']')")
 
 
-def test_depth_two_recursion_with_every_kernel_on_the_gateway(on_gateway):
+@pytest.mark.parametrize("depth", [2, 3])
+def test_recursion_with_every_kernel_on_the_gateway(on_gateway, depth):
     with ScriptedServer(recursive) as srv:
-        res = _run(srv, "abcdefgh" * 100, max_depth=2, pool_size=0, **on_gateway)
+        res = _run(srv, "abcdefgh" * 100, max_depth=depth, pool_size=0, **on_gateway)
     assert res.status == "completed", res.reason
-    assert res.stages.get("child", 0) == 1 and res.max_level == 2
-    assert res.answer.startswith("n800[n400[leaf(")  # each level's context came over the wire
+    assert res.stages.get("child", 0) == depth - 1 and res.max_level == depth
+    # each level's context came over the wire: n800[n400[...[leaf(...)]]]
+    assert res.answer.startswith("n800[n400[" + ("n200[" if depth == 3 else "") + "leaf(")
     assert res.sandbox == "gateway"
 
 
