@@ -113,7 +113,8 @@ def start_gateway(port: int | None = None, token: str | None = None,
             "--KernelManager.transport=ipc", "--KernelGatewayApp.log_level=WARN"]
     if cull_idle:
         argv += [f"--MappingKernelManager.cull_idle_timeout={cull_idle}",
-                 "--MappingKernelManager.cull_interval=1"]
+                 "--MappingKernelManager.cull_interval=1",
+                 "--MappingKernelManager.cull_connected=True"]
     log = open(os.path.join(home, "gateway.log"), "wb")
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              _SCRIPT, "gateway"] + argv, env=env, stdout=log,

@@ -107,3 +107,40 @@ def test_a_gateway_that_dies_mid_run_leaves_it_resumable(tmp_path, monkeypatch):
             if g is not None:
                 g.stop()
                 shutil.rmtree(g.home, ignore_errors=True)
+
+
+def test_a_kernel_the_gateway_culls_between_turns_is_restarted(monkeypatch):
+    # a gateway that culls kernels idle for 2 s; the model takes 5 s over its second turn, so
+    # the root's kernel is culled while it waits: the next cell finds it gone, the loop starts
+    # another on the gateway (context bound again) and the run goes on
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    gw = start_gateway(cull_idle=2)
+    monkeypatch.setenv("JUPYTER_GATEWAY_AUTH_TOKEN", gw.token)
+    seen = []
+
+    def reply(req):
+        if not _is_root(req):
+            return "x"
+        turn = _turn(req)
+        seen.append(req["messages"][-1]["content"])
+        if turn == 0:
+            return repl("x = 41")
+        if turn == 1:
+            import time
+            time.sleep(5)
+            return repl("print(x + 1)")
+        return repl("FINAL(context + str(globals().get('x')))")
+    try:
+        with ScriptedServer(reply) as srv:
+            res = rlm.completion("ctx", "q", base_url=srv.base_url, api_key=API_KEY,
+                                 model=MODEL, journal=False, max_depth=1, kernels="gateway",
+                                 gateway_url=gw.url)
+    finally:
+        gw.stop()
+        shutil.rmtree(gw.home, ignore_errors=True)
+    assert res.status == "completed", res.reason
+    assert res.answer == "ctxNone"  # a fresh kernel: the context again, x gone with the old one
+    assert res.kernels_started == 2
+    assert "restarted" in seen[2] or "died" in seen[2], seen[2]
