@@ -95,18 +95,24 @@ class Courier:
             raise got
         return got
 
+    def _unanswered(self) -> list[int]:
+        """The ids still waiting for their reply (sorted; the caller holds the lock)."""
+        return sorted(k for k, v in self._waiting.items() if v is None)
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._out and not self._waiting:
+                # wait for a new frame or an unanswered one (an answered entry is the asking
+                # thread's to take: polling for it would cost a round trip per call)
+                while not self._out and not self._unanswered():
                     self._cv.wait()
                 batch, self._out = self._out, []
                 for item in batch:
                     self._sent[item["id"]] = item
+                waiting = self._unanswered()
                 if self._resend:  # the last request may have been lost in a drop
-                    batch = [v for k, v in self._sent.items() if k in self._waiting]
+                    batch = [v for k, v in self._sent.items() if k in waiting]
                     self._resend = False
-                waiting = sorted(self._waiting)
             try:
                 value = self._raw(MARK + json.dumps({"frames": batch, "waiting": waiting}))
                 got = json.loads(value)
