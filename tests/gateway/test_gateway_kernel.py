@@ -74,6 +74,16 @@ def test_calls_from_threads_travel_together_and_each_runs_once(bound):
     assert sorted(calls.seen) == sorted(str(i) for i in range(16))
 
 
+def test_one_stdin_round_trip_per_call(bound):
+    calls = Calls()
+    k, _ = bound(calls)
+    res, _ = k.execute(
+        "from kernels.gateway.courier import courier\nn0 = courier().trips\n"
+        "for i in range(20):\n    llm_query(str(i))\nprint(courier().trips - n0)", timeout=60)
+    assert res.output.strip() == "20", res.output  # no polling for a reply already there
+    assert len(calls.seen) == 20
+
+
 def test_a_context_is_pulled_checked_and_not_sent_twice(bound):
     text = "".join(chr(0x41 + i % 26) for i in range(9 << 20)) + "é"  # 9 MiB: three chunks
     k, _ = bound(Calls(), context=text)
