@@ -145,8 +145,10 @@ class GatewayClient:
                f"?session_id={session_id}")
         headers = [f"Authorization: token {self._token}"] if self._token else []
         try:
+            # the messages are JSON, parsed anyway: websocket-client's own UTF-8 check of each
+            # frame (pure Python) is skipped
             ws = websocket.create_connection(url, header=headers, timeout=self.timeout,
-                                             enable_multithread=True)
+                                             enable_multithread=True, skip_utf8_validation=True)
         except (websocket.WebSocketException, OSError, socket.timeout) as exc:
             status = getattr(exc, "status_code", 0) or 0
             if status in (401, 403):

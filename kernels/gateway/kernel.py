@@ -27,7 +27,7 @@ from harness.text import clean_text
 from kernels.gateway.client import GatewayClient, GatewayError, message
 from kernels.gateway.courier import HOLD_SECONDS, MARK
 from kernels.gateway.fetch import ref
-from kernels.gateway.serve import GATEWAY_PID, FrameServer
+from kernels.gateway.serve import GATEWAY_PID, FrameServer, answer_value
 from kernels.kernel import CellResult, KernelDied
 from kernels.outputs import CellOutput, take_message
 
@@ -293,7 +293,7 @@ class GatewayKernel:
         """After a reconnection: one unsolicited ``input_reply`` (``"nudge"``) with the replies
         ready, which releases a courier whose request the drop lost (it then sends its
         unanswered frames again); one that is not waiting drops it. Never raises."""
-        value = json.dumps({"replies": self.frames.replies(0.0), "nudge": True})
+        value = answer_value(self.frames.replies(0.0), nudge=True)
         msg = message("input_reply", {"status": "ok", "value": value}, self.session, "stdin",
                       parent=self._last_input)
         try:
@@ -382,7 +382,7 @@ class GatewayKernel:
             self._last_input = m.get("header")
             self.frames.take(frames, waiting)
             replies = self.frames.replies(HOLD_SECONDS)
-        value = json.dumps({"replies": replies})
+        value = answer_value(replies)
         reply = message("input_reply", {"status": "ok", "value": value}, self.session,
                         "stdin", parent=m.get("header"))
         try:

@@ -97,8 +97,9 @@ class FrameServer:
         self._shares: dict[str, str] = {}
         self._cv = threading.Condition()
         self._seen: set[int] = set()
-        self._ready: dict[int, dict] = {}
-        self._delivered: dict[int, dict] = {}  # handed out, kept until no longer waited for
+        # replies as JSON text (made on the worker's thread, not the WebSocket reader's)
+        self._ready: dict[int, str] = {}
+        self._delivered: dict[int, str] = {}  # handed out, kept until no longer waited for
         self._running = 0
         self.dispatched = 0
 
@@ -154,13 +155,18 @@ class FrameServer:
         except Exception as exc:  # noqa: BLE001 - the kernel hears of it
             reply = reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
                                              f"{type(exc).__name__}: {exc}"))
+        try:
+            text = json.dumps(reply)
+        except (TypeError, ValueError, RecursionError) as exc:  # a value JSON cannot carry
+            text = json.dumps(reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
+                                                       f"{type(exc).__name__}: {exc}")))
         with self._cv:
             self._running -= 1
-            self._ready[fid] = reply
+            self._ready[fid] = text
             self._cv.notify_all()
 
     def replies(self, hold: float) -> list:
-        """The replies ready now (``[{"id", "frame"}]``, up to :data:`MAX_REPLY_BYTES`), waiting
+        """The replies ready now (``[(id, JSON text)]``, up to :data:`MAX_REPLY_BYTES`), waiting
         up to ``hold`` s for one when none is ready but some frame is still being answered.
         Each is kept until the kernel no longer waits for it (see :meth:`take`)."""
         with self._cv:
@@ -168,10 +174,10 @@ class FrameServer:
                 self._cv.wait(hold)
             out, size = [], 0
             for k in list(self._ready):
-                n = len(json.dumps(self._ready[k]))
+                n = len(self._ready[k])
                 if out and size + n > MAX_REPLY_BYTES:
                     break  # the rest go with the next answer
-                out.append({"id": k, "frame": self._ready[k]})
+                out.append((k, self._ready[k]))
                 self._delivered[k] = self._ready.pop(k)
                 size += n
         return out
@@ -179,8 +185,8 @@ class FrameServer:
     def put_back(self, replies: list) -> None:
         """Replies that could not be sent (the WebSocket dropped): sent with the next answer."""
         with self._cv:
-            for r in replies:
-                self._ready[r["id"]] = r["frame"]
+            for k, text in replies:
+                self._ready[k] = text
 
     def answer(self, frame: Any) -> dict:
         """One frame's reply: refused unless its token is this kernel's; a context chunk is
@@ -207,3 +213,10 @@ class FrameServer:
             f.seek(max(0, off))
             data = f.read(n)
         return reply_ok({"data": base64.b64encode(data).decode("ascii")})
+
+
+def answer_value(replies: list, nudge: bool = False) -> str:
+    """The ``input_reply`` value for :meth:`FrameServer.replies`' replies: the JSON text of
+    ``{"replies": [{"id", "frame"}], "nudge"?}``, each reply's text put in as it is."""
+    items = ", ".join(f'{{"id": {int(k)}, "frame": {text}}}' for k, text in replies)
+    return f'{{"replies": [{items}]' + (', "nudge": true}' if nudge else "}")
