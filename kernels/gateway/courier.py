@@ -37,6 +37,9 @@ import threading
 MARK = "\x00rlm-bridge:"
 #: Seconds the host may hold an answer when no reply is ready yet (it says so; documented here).
 HOLD_SECONDS = 0.02
+#: Bytes of frames one ``input_request`` carries at most (past its first frame): the host
+#: refuses a larger request unread (``"refused"``), failing its frames with a ``SubcallError``.
+BATCH_BYTES = 16 << 20
 _HEADER = struct.Struct(">I")
 
 
@@ -55,9 +58,9 @@ class Courier:
     def __init__(self, raw_input) -> None:
         self._raw = raw_input
         self._cv = threading.Condition()
-        self._out: list[dict] = []
+        self._out: list[tuple[int, str]] = []  # (id, the frame's JSON text), not sent yet
         self._waiting: dict[int, object] = {}
-        self._sent: dict[int, dict] = {}  # sent, not answered: sent again after a nudge
+        self._sent: dict[int, str] = {}  # sent, not answered: sent again after a nudge
         self._resend = False
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -71,12 +74,16 @@ class Courier:
         Raises:
             CourierError: the stdin channel failed.
         """
+        return self.call_text(json.dumps(frame))
+
+    def call_text(self, frame: str) -> dict:
+        """:meth:`call` for a frame already in JSON text (as the runtime encoded it)."""
         if os.getpid() != self.pid:
             raise CourierError("a process a cell started cannot reach the host from a gateway "
                                "kernel: call llm_query/rlm from the kernel's own process")
         with self._cv:
             n = next(self._ids)
-            self._out.append({"id": n, "frame": frame})
+            self._out.append((n, frame))
             self._waiting[n] = None
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, daemon=True,
@@ -95,6 +102,17 @@ class Courier:
             raise got
         return got
 
+    def _take_batch(self) -> list:
+        """The pending frames for one request, ``[(id, JSON text)]``: up to
+        :data:`BATCH_BYTES` (at least one); the rest wait for the next (the lock is held)."""
+        batch, size = [], 0
+        while self._out and (not batch or size + len(self._out[0][1]) <= BATCH_BYTES):
+            k, text = self._out.pop(0)
+            batch.append((k, text))
+            self._sent[k] = text
+            size += len(text)
+        return batch
+
     def _unanswered(self) -> list[int]:
         """The ids still waiting for their reply (sorted; the caller holds the lock)."""
         return sorted(k for k, v in self._waiting.items() if v is None)
@@ -106,15 +124,14 @@ class Courier:
                 # thread's to take: polling for it would cost a round trip per call)
                 while not self._out and not self._unanswered():
                     self._cv.wait()
-                batch, self._out = self._out, []
-                for item in batch:
-                    self._sent[item["id"]] = item
+                batch = self._take_batch()
                 waiting = self._unanswered()
                 if self._resend:  # the last request may have been lost in a drop
-                    batch = [v for k, v in self._sent.items() if k in waiting]
+                    batch = [(k, t) for k, t in self._sent.items() if k in waiting]
                     self._resend = False
+            items = ", ".join(f'{{"id": {k}, "frame": {t}}}' for k, t in batch)
             try:
-                value = self._raw(MARK + json.dumps({"frames": batch, "waiting": waiting}))
+                value = self._raw(f'{MARK}{{"frames": [{items}], "waiting": {waiting}}}')
                 got = json.loads(value)
                 replies = got["replies"]
                 self.trips += 1
@@ -130,6 +147,10 @@ class Courier:
                 continue
             with self._cv:
                 self._resend = bool(got.get("nudge"))
+                if got.get("refused"):  # the request was too big to read: its frames fail
+                    refused = {"ok": False, "error": {"type": "SubcallError",
+                                                      "message": str(got["refused"])}}
+                    replies = [{"id": k, "frame": refused} for k, _ in batch]
                 for r in replies:
                     if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:
                         self._waiting[r["id"]] = r.get("frame") or {}
@@ -165,7 +186,7 @@ class CourierSocket:
     def sendall(self, data: bytes) -> None:
         """Send the frame in ``data`` and keep its reply for :meth:`recv`. Raises CourierError."""
         (n,) = _HEADER.unpack(data[:_HEADER.size])
-        reply = courier().call(json.loads(data[_HEADER.size:_HEADER.size + n]))
+        reply = courier().call_text(data[_HEADER.size:_HEADER.size + n].decode())
         body = json.dumps(reply).encode()
         self._buf += _HEADER.pack(len(body)) + body
 

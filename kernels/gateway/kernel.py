@@ -25,7 +25,7 @@ import uuid
 
 from harness.text import clean_text
 from kernels.gateway.client import GatewayClient, GatewayError, message
-from kernels.gateway.courier import HOLD_SECONDS, MARK
+from kernels.gateway.courier import BATCH_BYTES, HOLD_SECONDS, MARK
 from kernels.gateway.fetch import ref
 from kernels.gateway.serve import GATEWAY_PID, FrameServer, answer_value
 from kernels.kernel import CellResult, KernelDied
@@ -369,11 +369,22 @@ class GatewayKernel:
             out.add(res.error + "\n")
         return content.get("user_expressions") or {}
 
+    def _oversized(self, prompt: str) -> str:
+        """Why an ``input_request`` is refused unread (its size past one frame at the bridge's
+        cap, or a courier's batch), or ""."""
+        bridge = self.frames.bridge
+        cap = max(getattr(getattr(bridge, "limits", None), "max_frame", 0), BATCH_BYTES)
+        if len(prompt) <= cap + (1 << 20):
+            return ""
+        return (f"bridge refused the request: {len(prompt) >> 20} MiB in one message, over the "
+                f"bridge's cap of {cap >> 20} MiB; send less at once")
+
     def _answer_input(self, m: dict) -> None:
         """Answer one ``input_request``: take its frames, send the replies that are ready."""
         prompt = (m.get("content") or {}).get("prompt") or ""
         replies: list = []
-        if prompt.startswith(MARK):
+        refused = self._oversized(prompt)
+        if not refused and prompt.startswith(MARK):
             try:
                 got = json.loads(prompt[len(MARK):])
                 frames, waiting = got.get("frames"), got.get("waiting")
@@ -382,7 +393,8 @@ class GatewayKernel:
             self._last_input = m.get("header")
             self.frames.take(frames, waiting)
             replies = self.frames.replies(HOLD_SECONDS)
-        value = answer_value(replies)
+        value = (json.dumps({"replies": [], "refused": refused}) if refused
+                 else answer_value(replies))
         reply = message("input_reply", {"status": "ok", "value": value}, self.session,
                         "stdin", parent=m.get("header"))
         try:

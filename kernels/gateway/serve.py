@@ -122,6 +122,12 @@ class FrameServer:
             self._delivered.clear()
 
     @property
+    def bridge(self) -> Any:
+        """The :class:`kernels.bridge.BridgeServer` its frames go to (None before
+        :meth:`attach`)."""
+        return self._bridge
+
+    @property
     def busy(self) -> bool:
         """Frames taken whose replies are not yet given back."""
         with self._cv:

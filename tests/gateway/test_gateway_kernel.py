@@ -212,3 +212,19 @@ def test_a_context_on_the_gateway_host_already_is_not_sent_again(bound, gateway,
     finally:
         k2.shutdown()
         b.close()
+
+
+def test_oversized_requests_are_refused_with_the_cap_named(bound, monkeypatch):
+    # the host's frame cap at 1 MiB: a 3 MB prompt is one frame over it (refused by the
+    # bridge's own check); a 20 MB one makes the whole request too big to read (refused unread)
+    monkeypatch.setenv("RLM_BRIDGE_MAX_FRAME_MB", "1")
+    calls = Calls()
+    k, _ = bound(calls)
+    res, _ = k.execute(
+        "for n in (3_000_000, 20_000_000):\n"
+        "    try:\n        llm_query('x' * n)\n"
+        "    except SubcallError as e:\n        print(n, 'refused', 'cap' in str(e))\n"
+        "print(llm_query('small'))", timeout=120)
+    assert res.output.split("\n")[:3] == ["3000000 refused True", "20000000 refused True",
+                                          "echo:small"], res.output
+    assert calls.seen == ["small"]
