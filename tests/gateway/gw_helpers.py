@@ -82,6 +82,25 @@ exec setpriv --reuid "$GW_USER" --regid "$GW_USER" --clear-groups "$@"
 """
 
 
+#: A Python with Jupyter Enterprise Gateway installed: the tests then run against it instead
+#: (its own environment: it pins older jupyter_client and jupyter_server than this project's).
+EG_PYTHON_VAR = "RLM_TEST_ENTERPRISE_GATEWAY_PYTHON"
+
+
+def _gateway_argv(port: int, env: dict) -> list[str]:
+    """The gateway's command line: Jupyter Kernel Gateway, or Enterprise Gateway when
+    :data:`EG_PYTHON_VAR` names its Python (its token then in ``EG_AUTH_TOKEN``)."""
+    eg = os.environ.get(EG_PYTHON_VAR)
+    if eg:
+        env["EG_AUTH_TOKEN"] = env["KG_AUTH_TOKEN"]
+        return [eg, "-m", "enterprise_gateway", "--EnterpriseGatewayApp.ip=127.0.0.1",
+                f"--EnterpriseGatewayApp.port={port}", "--KernelManager.transport=ipc",
+                "--EnterpriseGatewayApp.log_level=WARN"]
+    return [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+            f"--KernelGatewayApp.port={port}", "--KernelManager.transport=ipc",
+            "--KernelGatewayApp.log_level=WARN"]
+
+
 def start_gateway(port: int | None = None, token: str | None = None,
                   cull_idle: int | None = None) -> Gateway:
     """Start a gateway (see the module's text); returns once it answers."""
@@ -108,9 +127,7 @@ def start_gateway(port: int | None = None, token: str | None = None,
            "JUPYTER_RUNTIME_DIR": os.path.join(home, "runtime"),
            "JUPYTER_DATA_DIR": os.path.join(home, "data"),
            "RLM_GATEWAY_WORKDIR": os.path.join(home, "kernels-work"), "KG_AUTH_TOKEN": token}
-    argv = [sys.executable, "-m", "kernel_gateway",
-            "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={port}",
-            "--KernelManager.transport=ipc", "--KernelGatewayApp.log_level=WARN"]
+    argv = _gateway_argv(port, env)
     if cull_idle:
         argv += [f"--MappingKernelManager.cull_idle_timeout={cull_idle}",
                  "--MappingKernelManager.cull_interval=1",
