@@ -149,8 +149,9 @@ def start_gateway(port: int | None = None, token: str | None = None,
         except OSError:
             time.sleep(0.3)
     gw.stop()
-    raise RuntimeError("the gateway did not start: "
-                       + Path(home, "gateway.log").read_text(errors="replace")[-2000:])
+    log_text = Path(home, "gateway.log").read_text(errors="replace")[-2000:]
+    shutil.rmtree(home, ignore_errors=True)
+    raise RuntimeError("the gateway did not start: " + log_text)
 
 
 @pytest.fixture(scope="module")
