@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,10 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_worker(a)))
         return
     server, port = _start_server()
-    gw = None
+    gw = home = None
     url, token = a.gateway_url, os.environ.get("JUPYTER_GATEWAY_AUTH_TOKEN", "")
     if not url:
-        gw, url, token, _home = _start_gateway()
+        gw, url, token, home = _start_gateway()
     figures = ["child", "subcall"] + [f"kids{n}" for n in a.children.split(",") if n] + [
         "context"]
     got: dict = {"local": {}, "gateway": {}}
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         server.kill()
         if gw is not None:
             os.killpg(gw.pid, 9)
+            gw.wait()
+            shutil.rmtree(home, ignore_errors=True)
     table = {k: {"local": statistics.median(got["local"][k]),
                  "gateway": statistics.median(got["gateway"][k])} for k in got["local"]}
     if a.json:
