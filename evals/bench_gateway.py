@@ -111,7 +111,8 @@ def _context_cost(args, kernels: str) -> float:
     from kernels.bridge import BridgeServer
     from kernels.provider import bind_cell, kernel_factory, parse_placement
     size = args.context_mb * 1_000_000
-    path = os.path.join(tempfile.mkdtemp(), "ctx.txt")
+    where = tempfile.mkdtemp()
+    path = os.path.join(where, "ctx.txt")
     with open(path, "w") as f:
         f.write(("0123456789abcdef" * (size // 16 + 1))[:size])
     k = kernel_factory(parse_placement(kernels, args.gateway_url), 0)().start()
@@ -128,7 +129,7 @@ def _context_cost(args, kernels: str) -> float:
     finally:
         k.shutdown()
         bridge.close()
-        os.unlink(path)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _measure(figure: str, kernels: str, port: int, url: str, token: str, mb: int) -> dict:
