@@ -223,17 +223,19 @@ class GatewayKernel:
     # the WebSocket ---------------------------------------------------------
     def _send(self, msg: dict) -> None:
         """Send one message, reopening the channels once if they dropped. Raises KernelDied."""
+        import websocket
+        text = json.dumps(msg)
         for attempt in (0, 1):
             try:
                 ws = self._ws
                 if ws is None:
                     raise _Dropped()
-                ws.send(json.dumps(msg))
+                ws.send(text)
                 return
-            except (_Dropped, OSError, Exception) as exc:  # noqa: BLE001 - websocket's own
-                if attempt or isinstance(exc, KernelDied):
+            except (_Dropped, OSError, websocket.WebSocketException):
+                if attempt:
                     raise KernelDied("the kernel's channels on the gateway closed") from None
-                self._reconnect()
+                self._reconnect()  # raises KernelDied when the kernel or its gateway is gone
 
     def _recv(self, timeout: float) -> dict | None:
         """The next message (dict), or None after ``timeout`` s (or a reconnection)."""
