@@ -228,3 +228,13 @@ def test_oversized_requests_are_refused_with_the_cap_named(bound, monkeypatch):
     assert res.output.split("\n")[:3] == ["3000000 refused True", "20000000 refused True",
                                           "echo:small"], res.output
     assert calls.seen == ["small"]
+
+
+def test_a_cell_past_its_timeout_is_interrupted_and_the_kernel_goes_on(bound):
+    k, _ = bound(Calls())
+    t0 = time.monotonic()
+    res, _ = k.execute("x = 1\nimport time\ntime.sleep(30)", timeout=1.0)
+    assert res.timed_out and "KeyboardInterrupt" in (res.error or ""), res
+    assert time.monotonic() - t0 < 10
+    res, _ = k.execute("print(x + 1, llm_query('still'))", timeout=30)
+    assert res.output.split() == ["2", "echo:still"], res.output
