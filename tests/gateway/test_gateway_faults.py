@@ -69,7 +69,8 @@ def test_a_wrong_token_exits_4_and_is_written_nowhere(cli, ctx_file, gateway):
     assert b"badtok" in data  # the run was journaled (as failed), without the token
 
 
-def test_a_gateway_that_dies_mid_run_leaves_it_resumable(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["gateway", "local"])
+def test_a_gateway_that_dies_mid_run_leaves_it_resumable(tmp_path, monkeypatch, where):
     why = why_not()
     if why:
         pytest.skip(why)
@@ -98,8 +99,11 @@ def test_a_gateway_that_dies_mid_run_leaves_it_resumable(tmp_path, monkeypatch):
                 rlm.completion("ctx", "q", run_id="gw-dies", **kw)
             sent = srv.count  # root turns 0 and 1, llm_query('a')
             state["kill"] = False
-            again = start_gateway(port=port, token=gw.token)
-            res = resume("gw-dies", journal=journal, context="ctx")
+            if where == "gateway":  # the gateway is back: the run finishes there
+                again = start_gateway(port=port, token=gw.token)
+                res = resume("gw-dies", journal=journal, context="ctx")
+            else:  # or on this host's own kernels
+                res = resume("gw-dies", journal=journal, context="ctx", kernels="local")
             assert (res.status, res.answer) == ("completed", "sub-asub-b"), res.reason
             assert srv.count - sent == 2  # only llm_query('b') and turn 2: nothing re-sent
     finally:
