@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from kernels.gateway import DEFAULT_KERNELSPEC
 from kernels.protocol import bind_code
 
 #: The providers (``--kernels`` values).
@@ -82,7 +83,7 @@ class Placement:
     root: str = "local"
     children: str = "local"
     gateway_url: str = ""
-    kernelspec: str = "rlm"
+    kernelspec: str = DEFAULT_KERNELSPEC
 
     @property
     def uses_gateway(self) -> bool:
@@ -104,7 +105,7 @@ def placement_error(value: Any) -> str | None:
 
 
 def parse_placement(value: Any, gateway_url: str | None = None,
-                    kernelspec: str = "rlm") -> Placement:
+                    kernelspec: str = DEFAULT_KERNELSPEC) -> Placement:
     """The :class:`Placement` a ``--kernels`` value names: ``local``, ``gateway``, or roles
     ``root=P,children=P`` (a role not named stays ``local``). The URL is ``gateway_url``, else
     ``$JUPYTER_GATEWAY_URL``.
@@ -129,7 +130,7 @@ def parse_placement(value: Any, gateway_url: str | None = None,
     from kernels.gateway.client import URL_VAR
     url = gateway_url or os.environ.get(URL_VAR, "")
     return Placement(root=roles["root"], children=roles["children"], gateway_url=url,
-                     kernelspec=kernelspec or "rlm")
+                     kernelspec=kernelspec or DEFAULT_KERNELSPEC)
 
 
 def kernel_factory(placement: Placement, level: int, spec=None) -> Callable[[], KernelLike]:

@@ -7,3 +7,7 @@ kernel's stdin channel (:mod:`~kernels.gateway.courier` in the kernel,
 (:mod:`~kernels.gateway.fetch`), and :mod:`~kernels.gateway.kernelspec` installs the sandboxed
 kernelspec on the gateway host. See docs/remote-kernels.md.
 """
+
+#: The kernelspec a gateway host installs (:mod:`kernels.gateway.kernelspec`) and gateway
+#: kernels start unless told otherwise (``--gateway-kernelspec``).
+DEFAULT_KERNELSPEC = "rlm"

@@ -33,6 +33,8 @@ import os
 import struct
 import threading
 
+from kernels.protocol import ErrorKind, encode_error, reply_error
+
 #: The first characters of an ``input_request`` prompt that carries bridge frames.
 MARK = "\x00rlm-bridge:"
 #: Seconds the host may hold an answer when no reply is ready yet (it says so; documented here).
@@ -148,8 +150,8 @@ class Courier:
             with self._cv:
                 self._resend = bool(got.get("nudge"))
                 if got.get("refused"):  # the request was too big to read: its frames fail
-                    refused = {"ok": False, "error": {"type": "SubcallError",
-                                                      "message": str(got["refused"])}}
+                    refused = reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
+                                                       str(got["refused"])))
                     replies = [{"id": k, "frame": refused} for k, _ in batch]
                 for r in replies:
                     if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:

@@ -24,6 +24,7 @@ import time
 import uuid
 
 from harness.text import clean_text
+from kernels.gateway import DEFAULT_KERNELSPEC
 from kernels.gateway.client import GatewayClient, GatewayError, message
 from kernels.gateway.courier import BATCH_BYTES, HOLD_SECONDS, MARK
 from kernels.gateway.fetch import ref
@@ -31,8 +32,6 @@ from kernels.gateway.serve import GATEWAY_PID, FrameServer, answer_value
 from kernels.kernel import CellResult, KernelDied
 from kernels.outputs import CellOutput, take_message
 
-#: The kernelspec a gateway host installs (:mod:`kernels.gateway.kernelspec`).
-DEFAULT_KERNELSPEC = "rlm"
 #: Seconds a dropped WebSocket is retried before the kernel counts as gone.
 RECONNECT_SECONDS = 10.0
 #: Seconds of silence on a running cell's channels after which the gateway is asked whether

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 
+from kernels.gateway import DEFAULT_KERNELSPEC
 from kernels.protocol import BOOT_CODE
 
 
@@ -52,7 +53,7 @@ def kernel_json(name: str, sandbox: str, python: str, cache: str | None,
             "env": dict(env or {}), "metadata": {"rlm": {"sandbox": sandbox}}}
 
 
-def install(prefix: str | None = None, name: str = "rlm", sandbox: str = "bwrap",
+def install(prefix: str | None = None, name: str = DEFAULT_KERNELSPEC, sandbox: str = "bwrap",
             python: str | None = None, cache: str | None = None, env: dict | None = None,
             limits: dict | None = None) -> str:
     """Write the kernelspec (see :func:`kernel_json`); returns its directory. Raises OSError
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("install", help="write the kernelspec")
     ins.add_argument("--prefix", help="install under PREFIX/share/jupyter/kernels "
                                       "(default: this Python's prefix)")
-    ins.add_argument("--name", default="rlm")
+    ins.add_argument("--name", default=DEFAULT_KERNELSPEC)
     ins.add_argument("--sandbox", choices=("bwrap", "none"), default="bwrap")
     ins.add_argument("--cache", default=os.environ.get("RLM_GATEWAY_CACHE"),
                      help="the host's context cache directory (default $RLM_GATEWAY_CACHE)")
