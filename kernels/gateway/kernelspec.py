@@ -13,8 +13,8 @@ then names socket paths next to the file, in a directory every kernel of the gat
 The kernel binds its sockets in its private ``/tmp`` instead (as a local sandboxed kernel does)
 and the launcher links the paths the gateway connects to there, through the supervisor's root
 (``/proc/PID/root``), so a kernel sees no other kernel's sockets or connection file. Its
-working directory is read-only to it but for its context inbox. Interrupts go as messages (``interrupt_mode: message``): the gateway's
-process is the launcher, not the kernel.
+working directory is read-only to it but for its context inbox. Interrupts go as messages
+(``interrupt_mode: message``): the gateway's process is the launcher, not the kernel.
 
 Contexts. The launcher keeps the host's context cache (``--cache``, default
 ``$RLM_GATEWAY_CACHE`` or ``~/.cache/rlm-contexts``): mounted read-only in each kernel
@@ -61,7 +61,8 @@ def install(prefix: str | None = None, name: str = DEFAULT_KERNELSPEC, sandbox: 
     root = os.path.join(prefix or sys.prefix, "share", "jupyter", "kernels", name)
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "kernel.json"), "w", encoding="utf-8") as f:
-        json.dump(kernel_json(name, sandbox, python or sys.executable, cache, env, limits), f, indent=1)
+        json.dump(kernel_json(name, sandbox, python or sys.executable, cache, env, limits), f,
+                  indent=1)
     return root
 
 
