@@ -568,10 +568,15 @@ Write them so it can go on without the turns themselves:
 Be concise and exact. Plain text only: no code blocks, no FINAL."""
 
 
-def compact_request(task: str, previous: str | None, turns: str) -> str:
+def compact_request(task: str, previous: str | None, turns: str,
+                    question: str | None = None) -> str:
     """The user message of the summary call: the task, the notes of an earlier compaction
-    (``previous``) and the turns to condense (``turns``, as text)."""
+    (``previous``) and the turns to condense (``turns``, as text); in a session's later
+    question, ``question`` (the message that opened it), which the notes are for."""
     parts = [f"The task:\n{task}"]
+    if question:
+        parts = [f"The conversation's first task (answered already):\n{task}",
+                 f"The question being answered now (write the notes for it):\n{question}"]
     if previous:
         parts.append(f"Notes written at an earlier compaction:\n{previous}")
     parts.append(f"The turns to condense, oldest first:\n{turns}")
@@ -579,17 +584,21 @@ def compact_request(task: str, previous: str | None, turns: str) -> str:
     return "\n\n".join(parts)
 
 
-def compacted_task(task: str, summary: str, dropped: int, compactions: int) -> str:
+def compacted_task(task: str, summary: str, dropped: int, compactions: int,
+                   question: str | None = None) -> str:
     """The first user message after a compaction: the task as given, then what happened and
     the notes (``summary``); ``dropped``: messages replaced so far, ``compactions``: how many
-    compactions."""
+    compactions. In a session's later question, ``question`` (the message that opened it)
+    closes the message, so the question now being answered is never compacted away."""
+    now = ("" if not question else "\n\n---\nThe task above is done. The question you are "
+           f"answering now:\n{question}")
     return (f"{task}\n\n---\n[The conversation was compacted ({compactions} time(s)): "
             f"{dropped} earlier message(s) were replaced by the notes below to stay within the "
             "model's window. The REPL is untouched: every variable is still there (print it "
             "again, or SHOW_VARS()). The full transcript is in the kernel as `history`, a list "
             "of {'role', 'content'} dicts, oldest first: e.g. "
             "print(history[-4]['content'][:2000]).]\n\nNotes on the earlier turns:\n"
-            f"{summary}")
+            f"{summary}{now}")
 
 
 def transcript_text(messages: list, limit: int | None = None) -> str:
