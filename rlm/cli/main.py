@@ -290,20 +290,16 @@ def _journal(args):
 
 
 def _cmd_show(args) -> int:
-    from harness.stages.tree import StageTree
     from rlm.errors import ConfigError
     j = _journal(args)
     rec = j.get_run(args.run_id)
     if rec is None:
         raise ConfigError(f"no run {args.run_id!r} in journal {j.path}; list runs with `rlm runs`")
-    from harness.text import printable
-    from rlm.observe.summary import header_lines
-    tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
+    from rlm.observe.summary import show_lines
     # what the model or the user wrote is shown with its control characters escaped: an
     # escape sequence in an answer must not drive the terminal of whoever reads the journal
-    for line in header_lines(rec):  # id, state, query, why it ended, answer
+    for line in show_lines(j, rec, args.max_level):  # the header, what it spent, the tree
         print(line)
-    print(printable(tree.render(max_level=args.max_level)))
     return 0
 
 
@@ -312,6 +308,9 @@ def _cmd_runs(args) -> int:
     j = _journal(args)
     runs = j.list_runs(limit=args.limit)
     if args.json:
+        from rlm.observe.summary import spent
+        for r in runs:  # over every attempt, as every other view counts it
+            r["totals"] = spent(j, r).all
         print(json.dumps(runs, ensure_ascii=False, default=str))
         return 0
     if not runs:

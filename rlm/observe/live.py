@@ -283,8 +283,6 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
     """
     import sys
 
-    from harness.stages.tree import StageTree
-
     from rlm.errors import ConfigError
     stream = stream or sys.stderr
     out = out or sys.stdout
@@ -318,12 +316,10 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
     except KeyboardInterrupt:
         print(f"[rlm] stopped following run {run_id} (it goes on)", file=stream)
         return 0
-    from harness.text import printable  # see rlm.cli.main._cmd_show
-    from rlm.observe.summary import header_lines
-    tree = StageTree.from_records(run_id, journal.stages(run_id))
-    for line in header_lines(rec):  # as `rlm show` prints it: with why the run ended
+    from rlm.observe.summary import show_lines
+    for line in show_lines(journal, rec, max_level):  # as `rlm show` prints it
         print(line, file=out)
-    print(printable(tree.render(max_level=max_level)), file=out, flush=True)
+    out.flush()
     return 0
 
 
