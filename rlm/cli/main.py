@@ -224,7 +224,9 @@ def _emit(res, args, summary: bool = True) -> int:
                      else "") + _all_attempts(u) + _sandbox_note(res), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
-        print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
+        cap = f"budget cap '{res.cap}'"  # said once: the reason usually names the cap itself
+        said = f"run {res.run_id} ended" if cap in (res.reason or "") else f"{cap} ended run {res.run_id}"
+        print(f"rlm: {said}: {res.reason}", file=sys.stderr)
         if res.answer and not args.json:
             print(f"rlm: partial answer (last model reply): {res.answer[:500]}", file=sys.stderr)
         return 5
@@ -308,9 +310,8 @@ def _cmd_runs(args) -> int:
     j = _journal(args)
     runs = j.list_runs(limit=args.limit)
     if args.json:
-        from rlm.observe.summary import spent
         for r in runs:  # over every attempt, as every other view counts it
-            r["totals"] = spent(j, r).all
+            r["totals"] = j.spend_totals(r["run_id"])
         print(json.dumps(runs, ensure_ascii=False, default=str))
         return 0
     if not runs:

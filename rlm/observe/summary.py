@@ -32,11 +32,14 @@ class Ending:
             is gone and it recorded no end) or ``running`` (it has not ended).
         short: a few words for a column (``cap calls``, ``no FINAL``...; "" when answered).
         text: the whole sentence, with the recorded reason and what to do next.
+        head: ``text`` without the recorded reason (the progress line of ``rlm run``, whose
+            last line gives the reason once).
     """
 
     kind: str
     short: str
     text: str
+    head: str = ""
 
 
 def _first_line(text: str) -> str:
@@ -74,8 +77,9 @@ def _ending(state: str, reason: str, cap: str | None, run_id: str, *,
         m = _CAP.search(reason)
         cap = cap or (m.group(1) if m else None)
         what = f"the {cap} cap" if cap else "a budget cap"
+        head = f"budget exceeded: {what} stopped it"
         return Ending("budget_exceeded", f"cap {cap}" if cap else "budget cap",
-                      f"budget exceeded: {what} stopped it" + (f" ({reason})" if reason else ""))
+                      head + (f" ({reason})" if reason else ""), head)
     if state == "cancelled":
         why = "" if reason in ("", "interrupted", "KeyboardInterrupt") else f" ({reason})"
         return Ending("cancelled", "cancelled", f"cancelled: interrupted before it ended{why}; "
@@ -87,10 +91,11 @@ def _ending(state: str, reason: str, cap: str | None, run_id: str, *,
         return Ending("crashed", "process gone", "crashed: the process running it stopped "
                       f"without recording an end{when}; {resume}")
     if reason.startswith("no FINAL"):
-        return Ending("no_answer", "no FINAL", f"no answer: {reason}")
+        return Ending("no_answer", "no FINAL", f"no answer: {reason}", "no answer")
     if state == "failed":
         return Ending("failed", reason[:40] or "failed",
-                      f"failed: {reason}" if reason else "failed (no reason was recorded)")
+                      f"failed: {reason}" if reason else "failed (no reason was recorded)",
+                      "failed")
     return Ending(state or "unknown", state, f"{state}: {reason}" if reason else state)
 
 
