@@ -11,7 +11,6 @@ This module imports only the standard library and ``harness.journal``'s own modu
 from __future__ import annotations
 
 import json
-import time
 from typing import IO, Any, Iterator
 
 from harness.journal.errors import UnknownRunError
@@ -62,9 +61,10 @@ class JsonlExport(Store):
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
 
         totals = self.spend_totals(run_id)  # over every attempt, as every view counts them
+        now = self.journal_now()  # liveness on the journal's clock (harness.journal.runs)
 
         def records() -> Iterator[dict]:
-            yield {"type": "run", **run_record(run_row[0], time.time(), self.stale_after,
+            yield {"type": "run", **run_record(run_row[0], now, self.stale_after,
                                                self._host, self._boot), "totals": totals}
             for (stage,) in stage_rows:
                 yield {"type": "stage", "run_id": run_id, "stage": json.loads(stage)}
