@@ -33,7 +33,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["Cancelled", "CancelScope", "Task", "Scheduler", "WaitClock", "wait_all"]
+__all__ = ["Cancelled", "CancelScope", "Task", "Scheduler", "WaitClock", "wait_all",
+           "stops_deferred", "stopping_deferred", "run_began", "run_ended", "runs_all_ended"]
 
 log = logging.getLogger(__name__)
 
@@ -501,3 +502,53 @@ class WaitClock:
             self._total = 0.0
             if self._inflight:
                 self._since = time.monotonic()
+
+
+# ------------------------------------------------------------------ the end of a run, whole
+
+_deferring = [0]  # sections open (any thread): a stop signal's handler runs in the main thread
+_deferring_lock = threading.Lock()
+
+
+@contextmanager
+def stopping_deferred() -> Iterator[None]:
+    """A section that a stop signal (Ctrl-C, SIGTERM, SIGHUP) must not cut short: the end of a
+    run (its kernels shut down, its last stages and its end journaled). While one is open,
+    :func:`stops_deferred` is True and a signal handler that asks (the CLI's) lets the section
+    finish instead of raising in it: cut there, a run was left ``running`` (then seen as
+    crashed) and its kernels' directories behind. The run ends right after anyway."""
+    with _deferring_lock:
+        _deferring[0] += 1
+    try:
+        yield
+    finally:
+        with _deferring_lock:
+            _deferring[0] -= 1
+
+
+def stops_deferred() -> bool:
+    """Whether a :func:`stopping_deferred` section is open (bool)."""
+    return _deferring[0] > 0
+
+
+_runs = [0, 0]  # runs begun and ended in this process (drive counts them)
+
+
+def run_began() -> None:
+    """Count a run begun in this process (:func:`runs_all_ended`)."""
+    with _deferring_lock:
+        _runs[0] += 1
+
+
+def run_ended() -> None:
+    """Count a run whose end is written (journaled, its kernels shut down)."""
+    with _deferring_lock:
+        _runs[1] += 1
+
+
+def runs_all_ended() -> bool:
+    """Whether a run began in this process and every one begun has ended: a command that runs
+    one and exits then has nothing left to stop (a stop signal now would only make its exit
+    code say "interrupted" for a run journaled as finished)."""
+    with _deferring_lock:
+        return _runs[0] > 0 and _runs[0] == _runs[1]

@@ -10,7 +10,7 @@ exports, views, spans, log lines, kernels, serve responses. :class:`Redactor` ta
   keys, ``Bearer ...`` tokens.
 
 Pure and standard library only: the host's model clients (:mod:`rlm.models.transport`) and
-``rlm serve`` (:mod:`rlm.serve_errors`) both build theirs from it; which values are secrets is
+``rlm serve`` (:mod:`rlm.serve.errors`) both build theirs from it; which values are secrets is
 theirs to say.
 """
 from __future__ import annotations

@@ -28,7 +28,6 @@ This module is bookkeeping only: it imports nothing from ``rlm`` or ``kernels``.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from harness.errors import BudgetExceeded, DivergenceError, RunActiveError, RunMismatchError
@@ -267,7 +266,7 @@ def begin_resume(journal: Any, record: dict, policy: str = "stop") -> Replay | N
     if record["state"] in RECORDED_STATES:
         return None
     if record["state"] == "running":
-        age = time.time() - (record.get("heartbeat_at") or 0)
+        age = record.get("heartbeat_age") or 0.0  # on the journal's clock, not this host's
         raise RunActiveError(
             f"run {run_id} is still running (pid {record.get('owner_pid')} on "
             f"{record.get('owner_host')}, heartbeat {age:.0f} s ago); wait for it "

@@ -190,6 +190,10 @@ class Kernel:
             os.chmod(self.workdir, 0o750)
         with self._launch_lock:  # a shutdown() now waits for the launch, then ends it
             if self._closed:
+                # a shutdown() since the first check removed the directory, which _argv may
+                # have made again (the sandbox's context directory): it is this start's to remove
+                if self._own_dir:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
                 raise RuntimeError("kernel was shut down while starting")
             # in the sandbox the kernel's sockets are in its own /tmp (its working directory
             # here is read-only to it): the host reaches them through its root
@@ -399,6 +403,8 @@ class Kernel:
             self._deferred = functools.partial(end_kernel, km, kc, self.tag,
                                                self.workdir if self._own_dir else "")
         kill_kernel(km, self.tag, direct=True)
+        if self._own_dir:  # no ZeroMQ in it: done here, not left to a thread the exit may cut
+            shutil.rmtree(self.workdir, ignore_errors=True)
         return True
 
     def begin_shutdown(self) -> "Callable[[], None] | None":

@@ -8,6 +8,7 @@ and is never returned, so no state is shared between RLM instances.
 from __future__ import annotations
 
 import threading
+import time
 
 from kernels import kernel as _kernel  # its START_GATE, read at each use (tests replace it)
 from kernels.bwrap import SandboxSpec
@@ -125,14 +126,19 @@ def take_head_start(sandbox: SandboxSpec | None = None) -> list[Pending]:
     return [h for h in heads if h.kernel.spec == want]
 
 
-def drop_head_start() -> None:
-    """Shut down the kernels :func:`head_start` started, if nobody took them. Never blocks: a
-    kernel still starting stops once it is up. Never raises."""
+def drop_head_start(wait: float = 0.0) -> None:
+    """Shut down the kernels :func:`head_start` started, if nobody took them; a kernel still
+    starting stops once it is up. ``wait``: seconds to wait for those starts to end (a shut
+    down start ends at once, its directory removed), for a process about to exit: its exit
+    would cut them short and leave their directories. Never raises."""
     global _head
     with _head_lock:
         heads, _head = _head, []
     for head in heads:
         head.kernel.shutdown()
+    deadline = time.monotonic() + wait
+    for head in heads:
+        head.done.wait(max(0.0, deadline - time.monotonic()))
 
 
 class KernelPool:

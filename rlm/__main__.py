@@ -1,4 +1,15 @@
+import signal
 import sys
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+# a stop signal while the CLI is still being imported ends it as Ctrl-C does (exit 130; nothing
+# is running yet), even one inherited as ignored; the CLI puts its own handler in place next
+for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_sig, _stop)
 
 try:
     from rlm.cli.main import entry

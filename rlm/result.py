@@ -71,10 +71,21 @@ class Result:
                 s.meta.get("usage_estimated") for s in self.tree.all()
                 if s.kind.value == "model_call")
 
+    @property
+    def totals(self) -> dict:
+        """The run's ``calls``, ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
+        ``cost_usd`` over every attempt: ``usage["all_attempts"]`` for a resumed run, else
+        ``usage``'s own (the first attempt is all there is)."""
+        u = self.usage.get("all_attempts") or self.usage
+        return {k: u.get(k, 0) for k in ("calls", "prompt_tokens", "completion_tokens",
+                                         "total_tokens", "cost_usd")}
+
     def to_dict(self) -> dict:
-        """A JSON-able dict of every field except ``tree`` (``seconds`` rounded to ms)."""
+        """A JSON-able dict of every field except ``tree`` (``seconds`` rounded to ms), with
+        :attr:`totals`."""
         return {"answer": self.answer, "status": self.status, "run_id": self.run_id,
-                "iterations": self.iterations, "usage": self.usage, "reason": self.reason,
+                "iterations": self.iterations, "usage": self.usage, "totals": self.totals,
+                "reason": self.reason,
                 "cap": self.cap, "stages": self.stages, "max_level": self.max_level,
                 "kernels_started": self.kernels_started, "seconds": round(self.seconds, 3),
                 "replayed_calls": self.replayed_calls,

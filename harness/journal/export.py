@@ -11,7 +11,6 @@ This module imports only the standard library and ``harness.journal``'s own modu
 from __future__ import annotations
 
 import json
-import time
 from typing import IO, Any, Iterator
 
 from harness.journal.errors import UnknownRunError
@@ -37,7 +36,8 @@ class JsonlExport(Store):
     def export_jsonl(self, run_id: str, fp: IO[str]) -> int:
         """Write everything about ``run_id`` to the text stream ``fp``, one JSON object per line.
 
-        Lines in order: the run (``"type": "run"``), its stages (``"stage"``), events
+        Lines in order: the run (``"type": "run"``, with ``"totals"``: what it spent over
+        every attempt, ``Journal.spend_totals``), its stages (``"stage"``), events
         (``"event"``), model calls (``"model_call"``), cells (``"cell"``) and tool calls
         (``"tool_call"``), each a dict as
         returned by the corresponding reader plus ``"type"`` and ``"run_id"``. The records are read
@@ -60,9 +60,12 @@ class JsonlExport(Store):
         if not run_row:
             raise UnknownRunError(f"no run {run_id!r} in journal {self.path}")
 
+        totals = self.spend_totals(run_id)  # over every attempt, as every view counts them
+        now = self.journal_now()  # liveness on the journal's clock (harness.journal.runs)
+
         def records() -> Iterator[dict]:
-            yield {"type": "run", **run_record(run_row[0], time.time(), self.stale_after,
-                                               self._host, self._boot)}
+            yield {"type": "run", **run_record(run_row[0], now, self.stale_after,
+                                               self._host, self._boot), "totals": totals}
             for (stage,) in stage_rows:
                 yield {"type": "stage", "run_id": run_id, "stage": json.loads(stage)}
             for row in event_rows:

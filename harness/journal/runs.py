@@ -2,7 +2,7 @@
 
 A run row has an owner (host name, pid and the host's boot id, so one journal can be shared by
 many hosts) and a heartbeat (unix seconds). A run whose status is ``running`` counts as *crashed*
-when its heartbeat is older than ``stale_after`` seconds, or when its owner ran on this host and
+when its heartbeat is older than ``stale_after`` seconds (:func:`stale`), or when its owner ran on this host and
 that process is gone or the host has rebooted since (so a run killed a moment ago can be resumed
 at once); a crashed run can be claimed from any host. ``claim_run`` takes over only such a run, or a
 finished one; a live owner's run is never taken, and of several concurrent claimers exactly one
@@ -12,7 +12,14 @@ The run record as read (``get_run``, ``list_runs``, the export's first line) is 
 ``runs`` columns (``run_id``, ``created_at``, ``updated_at``, ``status``, ``query``, ``model``,
 ``sub_model``, ``max_depth``, ``options``, ``answer``, ``usage``, ``error``, ``owner_pid``,
 ``owner_host``, ``heartbeat_at``, ``finished_at``; JSON columns decoded, times unix seconds) plus
-``state``: the status, or ``"crashed"``.
+``state``: the status, or ``"crashed"``, and ``heartbeat_age``: seconds since the last heartbeat of
+a ``running`` run, on the journal's clock (None otherwise).
+
+Liveness never compares two machines' clocks: heartbeats are written, and judged stale, on one
+clock, the journal's (:func:`now_sql`). A PostgreSQL journal shared by many hosts uses the
+database server's clock (``statement_timestamp()``) both to stamp a heartbeat and as the "now" it is compared
+with, so a host whose clock runs minutes ahead or behind neither sees a live run as crashed nor is
+seen so. A SQLite journal lives on one machine: its clock is that machine's (:func:`_clock`).
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
@@ -39,7 +46,7 @@ class HeartbeatTarget(Protocol):
 
     def heartbeat(self, run_id: str) -> bool: ...
 
-__all__ = ["Heartbeat", "RunRecords", "RUN_SELECT", "run_record"]
+__all__ = ["Heartbeat", "RunRecords", "RUN_SELECT", "run_record", "now_sql", "stale"]
 
 log = logging.getLogger("harness.journal")
 
@@ -81,19 +88,48 @@ def _owner_dead(pid: int | None, host: str | None, this_host: str, boot: str | N
     return pid != os.getpid() and not _pid_alive(pid)
 
 
+def _clock() -> float:
+    """This machine's clock (unix seconds, ``time.time()``): the clock of a SQLite journal's
+    heartbeats and of the times a run record only reports (``updated_at``)."""
+    return time.time()
+
+#: A PostgreSQL journal's "now", in unix seconds, on the database server's clock (one instant
+#: for the whole statement).
+_PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+
+
+def now_sql(store: Any, at: float | None = None) -> str:
+    """The SQL expression of "now" (unix seconds) on the clock ``store``'s heartbeats are kept
+    by: the database server's for PostgreSQL, this machine's (a literal: ``at``, default
+    :func:`_clock`) for SQLite."""
+    if getattr(store, "dialect", "sqlite") == "postgresql":
+        return _PG_NOW
+    return repr(float(_clock() if at is None else at))
+
+
+def stale(heartbeat_at: float | None, now: float, stale_after: float) -> bool:
+    """Whether a heartbeat stamped ``heartbeat_at`` is stale at ``now`` (both on the journal's
+    clock, :func:`now_sql`): older than ``stale_after`` seconds, or missing. The one place reads
+    decide it; ``claim_run`` says the same in SQL."""
+    return heartbeat_at is None or now - heartbeat_at > stale_after
+
+
 def run_record(row: tuple, now: float, stale_after: float, this_host: str,
                this_boot: str = "") -> dict:
     """Decode one ``RUN_SELECT`` row into the run record described in the module docstring.
 
-    ``now`` (unix seconds) and ``stale_after`` (seconds) decide whether a ``running`` run has
-    gone stale; ``this_host`` is the host name of the reading process.
+    ``now`` (unix seconds, on the journal's clock: :func:`now_sql`) and ``stale_after``
+    (seconds) decide whether a ``running`` run has gone stale; ``this_host`` is the host name
+    of the reading process.
     """
     run = dict(zip(_RUN_COLUMNS, row))
     for key in ("options", "usage", "error"):
         run[key] = loads(run[key])
     state = run["status"]
-    if state == "running" and (run["heartbeat_at"] is None
-                               or now - run["heartbeat_at"] > stale_after
+    beat = run["heartbeat_at"]
+    run["heartbeat_age"] = (None if beat is None or state != "running"
+                            else max(0.0, now - beat))
+    if state == "running" and (stale(beat, now, stale_after)
                                or _owner_dead(run["owner_pid"], run["owner_host"], this_host,
                                               run["owner_boot"], this_boot)):
         state = "crashed"
@@ -167,18 +203,18 @@ class RunRecords(WriteBehind):
             RunExistsError: the journal already holds ``run_id`` (check ``get_run`` first).
             JournalError: ``options`` is not JSON-able, or the write failed.
         """
-        now = time.time()
         try:
             options_json = dumps(options or {})
         except (TypeError, ValueError) as exc:
             raise JournalError(f"run {run_id!r}: options are not JSON-serializable: {exc}") from exc
+        now = now_sql(self)  # created and first heartbeat at one instant, on the journal's clock
         self._write1(
             f"create run {run_id!r}",
             "INSERT INTO runs (run_id, created_at, updated_at, status, query, model, "
             "sub_model, max_depth, options, owner_pid, owner_host, owner_boot, heartbeat_at) "
-            "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, now, now, query, model, sub_model, int(max_depth), options_json,
-             os.getpid(), self._host, self._boot, now),
+            f"VALUES (?, {now}, {now}, 'running', ?, ?, ?, ?, ?, ?, ?, ?, {now})",
+            (run_id, query, model, sub_model, int(max_depth), options_json,
+             os.getpid(), self._host, self._boot),
             on_duplicate=lambda: RunExistsError(
                 f"run {run_id!r} already exists in journal {self.path}; resume it "
                 f"(claim_run) or choose another run id"))
@@ -202,13 +238,13 @@ class RunRecords(WriteBehind):
             UnknownRunError: the journal has no run ``run_id``.
             JournalError: the write failed.
         """
-        now = time.time()
+        now, clock = _clock(), now_sql(self)  # stamped and judged on the journal's clock
         changed = self._write1(
             f"claim run {run_id!r}",
             "UPDATE runs SET status = 'running', owner_pid = ?, owner_host = ?, owner_boot = ?, "
-            "heartbeat_at = ?, updated_at = ?, finished_at = NULL WHERE run_id = ? AND "
-            "(status != 'running' OR heartbeat_at IS NULL OR heartbeat_at < ?)",
-            (os.getpid(), self._host, self._boot, now, now, run_id, now - self.stale_after))
+            f"heartbeat_at = {clock}, updated_at = ?, finished_at = NULL WHERE run_id = ? AND "
+            f"(status != 'running' OR heartbeat_at IS NULL OR heartbeat_at < {clock} - ?)",
+            (os.getpid(), self._host, self._boot, now, run_id, self.stale_after))
         if changed:
             return True
         rows = self._read(f"claim run {run_id!r}", "SELECT status, owner_pid, owner_host, "
@@ -222,10 +258,11 @@ class RunRecords(WriteBehind):
         # row as read, so of several claimers only the first one changes it.
         return bool(self._write1(
             f"claim run {run_id!r}",
-            "UPDATE runs SET owner_pid = ?, owner_host = ?, owner_boot = ?, heartbeat_at = ?, "
-            "updated_at = ?, finished_at = NULL WHERE run_id = ? AND status = 'running' AND "
-            "owner_pid = ? AND owner_host = ? AND heartbeat_at IS ?",
-            (os.getpid(), self._host, self._boot, now, now, run_id, pid, host, beat)))
+            "UPDATE runs SET owner_pid = ?, owner_host = ?, owner_boot = ?, "
+            f"heartbeat_at = {now_sql(self)}, updated_at = ?, finished_at = NULL WHERE "
+            "run_id = ? AND status = 'running' AND owner_pid = ? AND owner_host = ? AND "
+            "heartbeat_at IS ?",
+            (os.getpid(), self._host, self._boot, now, run_id, pid, host, beat)))
 
     def release_run(self, record: dict) -> bool:
         """Give back a run this process claimed (:meth:`claim_run`) but did not start: its
@@ -243,7 +280,7 @@ class RunRecords(WriteBehind):
             "finished_at = ?, updated_at = ? WHERE run_id = ? AND owner_pid = ? "
             "AND owner_host = ?",
             (record.get("status"), record.get("owner_pid"), record.get("owner_host"),
-             record.get("heartbeat_at"), record.get("finished_at"), time.time(),
+             record.get("heartbeat_at"), record.get("finished_at"), _clock(),
              record["run_id"], os.getpid(), self._host)))
 
     def heartbeat(self, run_id: str) -> bool:
@@ -258,9 +295,9 @@ class RunRecords(WriteBehind):
         """
         return bool(self._write1(
             f"refresh the heartbeat of run {run_id!r}",
-            "UPDATE runs SET heartbeat_at = ? WHERE run_id = ? AND status = 'running' "
-            "AND owner_pid = ? AND owner_host = ?",
-            (time.time(), run_id, os.getpid(), self._host)))
+            f"UPDATE runs SET heartbeat_at = {now_sql(self)} WHERE run_id = ? AND "
+            "status = 'running' AND owner_pid = ? AND owner_host = ?",
+            (run_id, os.getpid(), self._host)))
 
     def start_heartbeat(self, run_id: str, interval: float = 2.0) -> Heartbeat:
         """Refresh ``run_id``'s heartbeat now and then every ``interval`` seconds in a daemon thread.
@@ -309,7 +346,7 @@ class RunRecords(WriteBehind):
         except (TypeError, ValueError) as exc:
             raise JournalError(f"run {run_id!r}: usage or error is not JSON-serializable: "
                                f"{exc}") from exc
-        now = time.time()
+        now = _clock()
         # with every record queued before it, so a finished run's records are all there
         changed = self._durable((
             "sql", f"finish run {run_id!r}",
@@ -330,17 +367,29 @@ class RunRecords(WriteBehind):
         namespace with the same host name would be misjudged: give containers that share a
         journal distinct host names.
         """
-        rows = self._read(f"read run {run_id!r}", RUN_SELECT + " WHERE run_id = ?", (run_id,))
+        rows = self._read(f"read run {run_id!r}", self._select_now() + " WHERE run_id = ?",
+                          (run_id,))
         if not rows:
             return None
-        return run_record(rows[0], time.time(),
+        return run_record(rows[0][:-1], rows[0][-1],
                           self.stale_after if stale_after is None else stale_after, self._host,
                           self._boot)
 
     def list_runs(self, limit: int = 50, *, stale_after: float | None = None) -> list[dict]:
         """Return up to ``limit`` run records, newest (by ``created_at``) first, as ``get_run``."""
-        rows = self._read("list runs", RUN_SELECT + " ORDER BY created_at DESC, rowid DESC "
-                          "LIMIT ?", (int(limit),))
-        now = time.time()
+        rows = self._read("list runs", self._select_now() + " ORDER BY created_at DESC, "
+                          "rowid DESC LIMIT ?", (int(limit),))
         stale = self.stale_after if stale_after is None else stale_after
-        return [run_record(r, now, stale, self._host, self._boot) for r in rows]
+        return [run_record(r[:-1], r[-1], stale, self._host, self._boot) for r in rows]
+
+    def _select_now(self) -> str:
+        """``RUN_SELECT`` with the journal's "now" (:func:`now_sql`) as a last column, read in
+        the same statement as the heartbeats it judges."""
+        return RUN_SELECT.replace(" FROM runs", f", {now_sql(self)} FROM runs")
+
+    def journal_now(self) -> float:
+        """"Now" on the journal's clock (unix seconds): the database server's for PostgreSQL,
+        this machine's for SQLite (:func:`now_sql`). Raises ``JournalError``."""
+        if getattr(self, "dialect", "sqlite") != "postgresql":
+            return float(_clock())
+        return float(self._read("read the journal's clock", f"SELECT {_PG_NOW}", ())[0][0])

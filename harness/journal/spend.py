@@ -10,6 +10,9 @@ settlement nor a release, and counts it at its reservation (an upper bound of wh
 - ``spend``: the run's reservations folded into one record each, ready for
   ``harness.budget.accountant.Accountant.carry_over``. Model calls recorded without a ledger row (a journal
   written before version 2) count at their recorded usage.
+- ``spend_totals`` (:func:`fold_spend`): what the run spent over every attempt, counted as its
+  caps count it. Every view of a run's totals (``rlm show``, ``rlm view``, ``rlm runs``, the
+  export) reads them here, so they agree after a resume.
 
 This module imports only the standard library and ``harness.journal``'s own modules.
 """
@@ -23,7 +26,7 @@ from harness.journal.encoding import dumps, loads
 from harness.journal.errors import JournalError
 from harness.journal.behind import WriteBehind
 
-__all__ = ["SpendRecords", "SPEND_EVENTS"]
+__all__ = ["SpendRecords", "SPEND_EVENTS", "fold_spend"]
 
 #: The ledger's events, in the order one reservation goes through them.
 SPEND_EVENTS = ("reserved", "settled", "released")
@@ -33,8 +36,38 @@ _SPEND_SELECT = ("SELECT reservation, call_id, event, model, calls, prompt_token
 _CALLS_SELECT = "SELECT call_id, request, usage FROM model_calls WHERE run_id = ? ORDER BY rowid"
 
 
+# cost is added in the accountant's unit (10**-12 USD), so these totals equal what a resumed
+# run's accountant carries over, to the last digit
+_PUSD = 10 ** 12
+
+
+def fold_spend(records: Any) -> dict:
+    """Totals of ``records`` (what :meth:`SpendRecords.spend` returns): a settled call at its
+    settled usage, a call left open (in flight when its attempt died) at its reservation, a
+    released one not at all: the count a resumed run's caps start from.
+
+    Returns:
+        ``{"calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+        "open"}`` (ints; cost a float in USD; ``open``: calls counted at their reservation).
+    """
+    calls = pt = ct = pusd = opened = 0
+    for rec in records:
+        state = rec.get("state")
+        if state not in ("settled", "open"):
+            continue
+        use = (rec.get("settled") if state == "settled" else rec.get("reserved")) or {}
+        opened += state == "open"
+        calls += int(use.get("calls", 1) or 0)
+        pt += int(use.get("prompt_tokens") or 0)
+        ct += int(use.get("completion_tokens") or 0)
+        pusd += round(float(use.get("cost_usd") or 0.0) * _PUSD)
+    return {"calls": calls, "prompt_tokens": pt, "completion_tokens": ct,
+            "total_tokens": pt + ct, "cost_usd": pusd / _PUSD, "open": opened}
+
+
 class SpendRecords(WriteBehind):
-    """The spend-ledger methods of ``Journal``: ``record_spend``, ``spend``."""
+    """The spend-ledger methods of ``Journal``: ``record_spend``, ``spend``,
+    ``spend_totals``."""
 
     def record_spend(self, run_id: str, call_id: str, reservation: str, event: str, *,
                      model: str | None = None, calls: int = 0, prompt_tokens: int = 0,
@@ -132,3 +165,12 @@ class SpendRecords(WriteBehind):
                             "completion_tokens": int(u.get("completion_tokens") or 0),
                             "cost_usd": float(u.get("cost_usd") or 0.0)}}
         return list(out.values())
+
+    def spend_totals(self, run_id: str) -> dict:
+        """What ``run_id`` spent over every attempt (:func:`fold_spend` of :meth:`spend`):
+        the one source of a run's totals for every view.
+
+        Raises:
+            JournalError: the read failed.
+        """
+        return fold_spend(self.spend(run_id))

@@ -63,7 +63,8 @@ def _reasoning_lines(text: str, indent: str) -> list[str]:
 
 
 def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
-                root_id: str | None = None, max_level: int | None = None) -> str:
+                root_id: str | None = None, max_level: int | None = None,
+                note: str = "") -> str:
     """Plain-text tree, two spaces of indentation per generation.
 
     The first line gives totals for the subtree (stages, calls, tokens, USD). Each node line
@@ -79,6 +80,7 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
         now: wall clock used for running stages (epoch seconds).
         root_id: subtree to render (str); the whole tree by default.
         max_level: omit stages whose ``level`` is above this (int | None).
+        note: text added to the first line (what its totals cover, when that needs saying).
     Raises:
         KeyError: ``root_id`` is not a stage of the tree.
     """
@@ -118,7 +120,8 @@ def render_tree(run_id: str, stages: Iterable[Stage], *, now: float,
                     for s in by_id.values())
     lines = [f"run {run_id}: {n} stages, {total.calls} calls, {total.total_tokens} tokens "
              f"({total.prompt_tokens} in / {total.completion_tokens} out), ${total.cost_usd:.6f}"
-             + (" (usage partly estimated: the endpoint reported none)" if estimated else "")]
+             + (" (usage partly estimated: the endpoint reported none)" if estimated else "")
+             + note]
     for r in roots:
         base = r.count("/")
         stack = [r]

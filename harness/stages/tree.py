@@ -432,17 +432,18 @@ class StageTree:
             return max((s.level for s in self._stages.values()), default=0)
 
     def render(self, root_id: str | None = None, *, now: float | None = None,
-               max_level: int | None = None) -> str:
+               max_level: int | None = None, note: str = "") -> str:
         """Plain-text tree (``rlm show``); see :func:`harness.stages.render.render_tree`.
 
         Args:
             root_id: subtree to render (str); the whole tree by default.
             now: wall clock used for running stages (epoch seconds); the tree's clock by default.
             max_level: omit stages whose ``level`` is above this (int | None).
+            note: text added to the first line (what its totals cover).
         """
         from harness.stages.render import render_tree
         return render_tree(self.run_id, self.all(), now=self._clock() if now is None else now,
-                           root_id=root_id, max_level=max_level)
+                           root_id=root_id, max_level=max_level, note=note)
 
     # ------------------------------------------------------------------ persistence
 

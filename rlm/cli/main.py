@@ -223,7 +223,9 @@ def _emit(res, args, summary: bool = True) -> int:
                      else "") + _all_attempts(u) + _sandbox_note(res), file=sys.stderr)
         return 0
     if res.status == "budget_exceeded":
-        print(f"rlm: budget cap '{res.cap}' ended run {res.run_id}: {res.reason}", file=sys.stderr)
+        cap, rid = f"budget cap '{res.cap}'", res.run_id  # said once: the reason names the cap
+        said = f"run {rid} ended" if cap in (res.reason or "") else f"{cap} ended run {rid}"
+        print(f"rlm: {said}: {res.reason}", file=sys.stderr)
         if res.answer and not args.json:
             print(f"rlm: partial answer (set by FINAL): {res.answer[:500]}", file=sys.stderr)
         return 5
@@ -289,20 +291,15 @@ def _journal(args):
 
 
 def _cmd_show(args) -> int:
-    from harness.stages.tree import StageTree
     from rlm.errors import ConfigError
     j = _journal(args)
     rec = j.get_run(args.run_id)
     if rec is None:
         raise ConfigError(f"no run {args.run_id!r} in journal {j.path}; list runs with `rlm runs`")
-    from harness.text import printable
-    from rlm.observe.summary import header_lines
-    tree = StageTree.from_records(args.run_id, j.stages(args.run_id))
-    # what the model or the user wrote is shown with its control characters escaped: an
-    # escape sequence in an answer must not drive the terminal of whoever reads the journal
-    for line in header_lines(rec):  # id, state, query, why it ended, answer
+    from rlm.observe.summary import show_lines
+    # escaped: a control sequence in an answer must not drive the terminal of its reader
+    for line in show_lines(j, rec, args.max_level):  # the header, what it spent, the tree
         print(line)
-    print(printable(tree.render(max_level=args.max_level)))
     return 0
 
 
@@ -311,6 +308,7 @@ def _cmd_runs(args) -> int:
     j = _journal(args)
     runs = j.list_runs(limit=args.limit)
     if args.json:
+        runs = [dict(r, totals=j.spend_totals(r["run_id"])) for r in runs]  # every attempt
         print(json.dumps(runs, ensure_ascii=False, default=str))
         return 0
     if not runs:
@@ -381,13 +379,16 @@ def _log_unraisable(info) -> None:
 
 def _terminate(signum, frame):
     """SIGINT, SIGTERM and SIGHUP: raise KeyboardInterrupt in the main thread, so the command
-    cleans up as on Ctrl-C (kernels shut down, the run journaled as cancelled).
+    cleans up as on Ctrl-C (kernels shut down, the run journaled as cancelled). Not while a
+    run writes its end (:func:`harness.control.stops_deferred`): it ends right after.
 
-    Not while the main thread is inside Python's import system: there the exception can land
-    in the clean-up of a module lock, where Python reports and drops it, and the lock other
-    threads wait on may stay taken (the kernel's start thread imports while the main thread
-    does, so a Ctrl-C in the first second could hang the command with the interrupt lost).
-    The signal is then sent again 20 ms later, until it arrives outside an import."""
+    Nor inside Python's import system: there the exception can land in the clean-up of a
+    module lock, where Python drops it, and the lock other threads wait on may stay taken (the
+    kernel's start thread imports while the main thread does: a Ctrl-C in the first second
+    could hang the command). The signal is sent again 20 ms later, until outside an import."""
+    from harness.control import runs_all_ended, stops_deferred
+    if stops_deferred() or (_ONE_RUN and runs_all_ended()):
+        return
     f = frame
     while f is not None:
         if f.f_code.co_filename.startswith("<frozen importlib"):
@@ -402,7 +403,7 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-_RESEND: set = set()
+_RESEND, _ONE_RUN = set(), []  # signals being resent; non-empty: the command is one run
 
 
 def _resend(signum: int) -> None:
@@ -414,11 +415,9 @@ def _install_signal_handlers() -> None:
     import threading
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a workflow engine stopping the step) and SIGHUP (the terminal closed) clean
-        # up like Ctrl-C: kernels are shut down and the run is journaled as cancelled, so the
-        # same run id resumes it later; a SIGHUP ignored on purpose (nohup) stays ignored
+        # up like Ctrl-C (kernels shut down, the run journaled cancelled), even when inherited
+        # as ignored (nohup): a stop sent on purpose was dropped (setsid outlives a hangup)
         for sig in _STOP_SIGNALS:
-            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
-                continue
             signal.signal(sig, _terminate)
 
 
@@ -482,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
+            _ONE_RUN.append(True)  # one run, then the exit: a stop after its end is moot
             from kernels.pool import drop_head_start, head_start
 
             from rlm.config.ahead import kernels_ahead, sandbox_of
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 head_start(kernels_ahead(ahead), sandbox_of(ahead))
                 return _main(argv)
             finally:
-                drop_head_start()
+                drop_head_start(wait=3.0)  # the exit is next: let their starts end
         return _main(argv)
     except KeyboardInterrupt:  # before the command's own handler (start-up, imports)
         return _interrupted()

@@ -8,6 +8,9 @@ model's window (:mod:`rlm.models.windows`). Past it, the older turns are replace
 * kept: the system prompt, the first user message (the task), and the last K turns verbatim (a
   turn: one reply of the model and the feedback after it), K the most turns that fit in
   :data:`KEEP_SHARE` of the threshold beside the summary's output cap;
+* in a session, a later question is a new task in the same conversation: the message that
+  opened it (``Compactor.question``) is stated again after the summary, and the summary call is
+  asked about it, so a compacted request never loses the question now being answered;
 * the summary (what was learned, the variables that hold results, what was tried, what is
   left) is written by one model call inside a ``compaction`` stage under the iteration, sent
   through :meth:`~rlm.core.run_tree.RunTree.model_call`: journaled, capped, served from the
@@ -63,7 +66,10 @@ def attach(loop: Any) -> "Compactor":
         if held is not None:
             held.compactor = comp
     else:
+        # a later question of the session: the message that opens it (the last one of the
+        # conversation at its first turn) becomes the question compaction keeps
         comp.loop, comp.run = loop, loop.run_tree
+        comp.question, comp.opening = None, True
     loop.compactor = comp
     return comp
 
@@ -106,6 +112,10 @@ class Compactor:
         self.task: str | None = None  # the first user message as it was before any compaction
         self.summary: str | None = None
         self.messages: list[dict] = []
+        # the message that opened the question now answered when it is not the task (a
+        # session's later question); ``opening``: it is still to be read at the next turn
+        self.question: str | None = None
+        self.opening = False
 
     @property
     def enabled(self) -> bool:
@@ -158,6 +168,9 @@ class Compactor:
         self.messages = messages
         if self.task is None and len(messages) >= 2:
             self.task = str(messages[1].get("content") or "")
+        if self.opening:
+            self.opening = False
+            self.question = str(messages[-1].get("content") or "")
         window = self.window(it.id)
         if window is not None:
             it.meta["window"] = window.to_dict()
@@ -245,9 +258,7 @@ class Compactor:
             self.archive.extend(dropped)
             self.compactions += 1
             self.summary = summary
-            head = [messages[0], {"role": "user", "content": prompts.compacted_task(
-                self.task or "", summary, len(self.archive), self.compactions)}]
-            messages[:] = head + kept
+            messages[:] = self._head(messages, summary, self.compactions) + kept
             st.meta["after_tokens"] = prompt_estimate(messages)
             st.evidence = summary
         run.progress(f"L{loop.level} {st.id}: {len(dropped)} message(s) compacted "
@@ -266,13 +277,18 @@ class Compactor:
         :data:`KEEP_SHARE` of the threshold beside the task, a summary of ``cap`` tokens and
         the output cap; at least one turn is always dropped."""
         room = KEEP_SHARE * self._threshold(window) - max_tokens - cap
-        head = [messages[0], {"role": "user", "content": prompts.compacted_task(
-            self.task or "", "", len(self.archive), self.compactions + 1)}]
+        head = self._head(messages, "", self.compactions + 1)
         k = 0
         while k < len(turns) - 1 and prompt_estimate(
                 head + [m for t in turns[-(k + 1):] for m in t]) <= room:
             k += 1
         return k
+
+    def _head(self, messages: list[dict], summary: str, compactions: int) -> list[dict]:
+        """The system prompt and the compacted first user message: the task, the notes and,
+        in a session's later question, that question again."""
+        return [messages[0], {"role": "user", "content": prompts.compacted_task(
+            self.task or "", summary, len(self.archive), compactions, self.question)}]
 
     def _request(self, dropped: list[dict], window: Window, cap: int) -> list[dict]:
         """The summary call's messages, the turns cut (each message's head and tail kept)
@@ -282,7 +298,8 @@ class Compactor:
         for _ in range(8):
             req = [{"role": "system", "content": prompts.COMPACT_SYSTEM},
                    {"role": "user", "content": prompts.compact_request(
-                       self.task or "", self.summary, prompts.transcript_text(dropped, limit))}]
+                       self.task or "", self.summary, prompts.transcript_text(dropped, limit),
+                       self.question)}]
             size = prompt_estimate(req)
             if size <= budget:
                 break

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from harness.control import Cancelled
+from harness.control import Cancelled, run_began, run_ended, stopping_deferred
 from harness.errors import BudgetExceeded, DivergenceError
 from harness.journal.errors import JournalError
 from harness.replay import Replay
@@ -115,6 +115,7 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHoo
         ctx.discard()
         raise
     end, heartbeat = _RunEnd(), None
+    run_began()
     try:  # from here on the run ends recorded (a Ctrl-C now is journaled as cancelled)
         if journal is not None:
             heartbeat = journal.start_heartbeat(run.run_id)
@@ -122,18 +123,23 @@ def drive(opts: Options, ctx: LoadedContext, query: str | None, *, hooks: RunHoo
     except BaseException as exc:
         end.failed(exc)
     finally:
-        run.close()
-        if end.root is None:  # ended before a loop took the context: its scratch copy goes here
-            ctx.discard()
-        _settle_cells(run.tree, CELL_SETTLE_SECONDS)
-        cancel_open(run.tree, "cancelled" if end.status in ("cancelled", "budget_exceeded")
-                    or end.raised is not None else "failed")
-    res = _result(run, end, recorded, t0)
-    if journal is not None:
-        if heartbeat is not None:
-            heartbeat.stop()
-        journal.finish_run(run.run_id, status=end.status, answer=end.answer,
-                           usage=res.journal_usage(), error=end.reason or None)
+        # the end runs whole: a stop signal now waits for it (harness.control), else the run
+        # was left running and its kernels behind
+        with stopping_deferred():
+            run.close()
+            if end.root is None:  # ended before a loop took the context: its copy goes here
+                ctx.discard()
+            _settle_cells(run.tree, CELL_SETTLE_SECONDS)
+            cancel_open(run.tree, "cancelled" if end.status in ("cancelled", "budget_exceeded")
+                        or end.raised is not None else "failed")
+    with stopping_deferred():
+        res = _result(run, end, recorded, t0)
+        if journal is not None:
+            if heartbeat is not None:
+                heartbeat.stop()
+            journal.finish_run(run.run_id, status=end.status, answer=end.answer,
+                               usage=res.journal_usage(), error=end.reason or None)
+        run_ended()
     if end.raised is not None:
         end.raised.result = res  # type: ignore[attr-defined]
         end.raised.journaled = journal is not None  # type: ignore[attr-defined]

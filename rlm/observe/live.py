@@ -147,18 +147,21 @@ class LiveState:
         return Group(*parts)
 
 
-def plain_line(stage: Mapping, prev: str | None = None, run_id: str | None = None) -> str | None:
+def plain_line(stage: Mapping, prev: str | None = None, run_id: str | None = None, *,
+               short: bool = False) -> str | None:
     """The plain progress line for a stage that reached ``stage['status']``, or ``None`` when
     that change is not worth a line (a finished sub-call or model call, a started stage, the
     run's answer). The ``run`` stage's line, when the run ends without an answer, says why
-    (:func:`rlm.observe.summary.stage_ending`; ``run_id`` names it in the advice to resume)."""
+    (:func:`rlm.observe.summary.stage_ending`; ``run_id`` names it in the advice to resume);
+    ``short``: without the stage's error (the ``run`` stage's: without the recorded reason),
+    for a reason said on another line."""
     st, kind, sid = stage.get("status"), stage.get("kind"), stage.get("id", "?")
     if st not in _TERMINAL:
         return None
     start, end = stage.get("started_at"), stage.get("ended_at")
     took = f" in {end - start:.2f} s" if start and end else ""
     err = (stage.get("error") or "").replace("\n", " ")
-    err = f": {err[:160]}" if err and st != "completed" else ""
+    err = f": {err[:160]}" if err and st != "completed" and not short else ""
     ev = stage.get("evidence") if isinstance(stage.get("evidence"), dict) else {}
     notes = ", ".join(n for n, f in (("timed out", ev.get("timed_out")),
                                      ("interrupted", ev.get("interrupted")),
@@ -168,7 +171,8 @@ def plain_line(stage: Mapping, prev: str | None = None, run_id: str | None = Non
         if st == "completed":
             return None
         from rlm.observe.summary import stage_ending
-        return f"run {run_id or sid} ended{took}: {stage_ending(stage, run_id or '').text}"
+        end = stage_ending(stage, run_id or "")
+        return f"run {run_id or sid} ended{took}: {(end.head or end.text) if short else end.text}"
     if kind in ("iteration", "child") or st != "completed" or (kind == "cell" and notes):
         return f"L{stage.get('level', 0)} {kind} {sid} {st}{notes}{took}{err}"
     return None
@@ -188,10 +192,20 @@ class _Quiet:
 class _Plain(_Quiet):
     """``[rlm] ...`` lines on a stream: progress messages and stage ends worth a line."""
 
+    #: how long a failed stage's line waits to learn whether its failure ends the run (s)
+    HOLD = 5.0
+
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
         self.state = LiveState()
         self._lock = threading.Lock()
+        # a failure is said once: the line of a failed stage waits (``_held``: its line with
+        # and without the error, and the error) until the next line shows whether the
+        # failure ends the run, whose last line (``rlm: error: ...``) then says it; else
+        # the first held line says it, the others (its parents, failing the same way) not
+        self._held: list[tuple[str, str, str]] = []
+        self._said: set[str] = set()
+        self._timer: threading.Timer | None = None
 
     def _write(self, text: str) -> None:
         with self._lock:
@@ -201,22 +215,88 @@ class _Plain(_Quiet):
                 pass
 
     def progress(self, msg: str) -> None:
+        self._flush()
         self._write(msg)
+
+    def __exit__(self, *exc) -> None:
+        self._flush()
+
+    def _flush(self, ended: str | None = None) -> None:
+        """Write the held lines: each without its error when the run ended with it
+        (``ended``: the run's reason; its last line says it) or it was said already; else
+        the first one with it."""
+        with self._lock:
+            held, self._held = self._held, []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            for full, short, err in held:
+                same = _same(err, ended or "")
+                text = short if same or any(_same(err, x) for x in self._said) else full
+                self._said.add(err)
+                try:
+                    print(f"[rlm] {text}", file=self.stream, flush=True)
+                except (OSError, ValueError):
+                    pass
 
     def listener(self, event: dict) -> None:
         try:
             if event.get("event") == "rollback":
                 return
-            self.state.update(event["stage"], event.get("ts"))
+            stage = event["stage"]
+            self.state.update(stage, event.get("ts"))
             if event.get("event") == "transition":
-                line = plain_line(event["stage"], event.get("from"), event.get("run_id"))
-                if line and event["stage"].get("kind") == "iteration":
-                    tin, tout, calls, cost = self.state.snapshot()[1]
-                    line += f" · so far {calls} calls, {tin + tout:,} tokens, ${cost:.4f}"
-                if line:
-                    self._write(line)
+                self._line(stage, event.get("from"), event.get("run_id"))
         except Exception:  # a display must never break the run (listeners roll back)
             pass
+
+    def _line(self, stage: Mapping, prev: str | None, run_id: str | None) -> None:
+        line = plain_line(stage, prev, run_id)
+        if not line:
+            return
+        kind, err = stage.get("kind"), _reason(stage.get("error"))
+        so_far = ""
+        if kind == "iteration":
+            tin, tout, calls, cost = self.state.snapshot()[1]
+            so_far = f" · so far {calls} calls, {tin + tout:,} tokens, ${cost:.4f}"
+        if kind == "run":  # the run ended without an answer: its last line says why
+            self._flush(ended=err)
+            self._write(plain_line(stage, prev, run_id, short=True) or line)
+            return
+        if not err or stage.get("status") == "completed":
+            self._flush()
+            self._write(line + so_far)
+            return
+        short = (plain_line(stage, prev, run_id, short=True) or line) + so_far
+        with self._lock:
+            if self._held and not _same(self._held[-1][2], err):
+                pass  # another failure: the held ones are not this one's parents
+            else:
+                self._held.append((line + so_far, short, err))
+                if self._timer is None:
+                    self._timer = threading.Timer(self.HOLD, self._flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+        self._flush()
+        self._line(stage, prev, run_id)
+
+
+def _reason(error: Any) -> str:
+    """A stage's error as the failures of its parents repeat it: on one line, without the
+    exception class names in front (``SubcallError: UnfinishedToolCall: ...``), its first 80
+    characters (a parent may hold it cut)."""
+    text = " ".join(str(error or "").split())
+    while True:
+        head, sep, rest = text.partition(": ")
+        if not (sep and head.isidentifier() and head[:1].isupper()):
+            return text[:80]
+        text = rest
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether two :func:`_reason` keys are one failure's (one may be cut shorter)."""
+    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
 
 
 class _Rich(_Quiet):
@@ -283,8 +363,6 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
     """
     import sys
 
-    from harness.stages.tree import StageTree
-
     from rlm.errors import ConfigError
     stream = stream or sys.stderr
     out = out or sys.stdout
@@ -318,12 +396,10 @@ def follow_run(journal, run_id: str, *, interval: float = 0.5, max_level: int | 
     except KeyboardInterrupt:
         print(f"[rlm] stopped following run {run_id} (it goes on)", file=stream)
         return 0
-    from harness.text import printable  # see rlm.cli.main._cmd_show
-    from rlm.observe.summary import header_lines
-    tree = StageTree.from_records(run_id, journal.stages(run_id))
-    for line in header_lines(rec):  # as `rlm show` prints it: with why the run ended
+    from rlm.observe.summary import show_lines
+    for line in show_lines(journal, rec, max_level):  # as `rlm show` prints it
         print(line, file=out)
-    print(printable(tree.render(max_level=max_level)), file=out, flush=True)
+    out.flush()
     return 0
 
 

@@ -1,5 +1,5 @@
-"""What every view says of a whole run: why it ended (:func:`ending`), and its row in the runs
-list (:func:`run_row`, :func:`runs_lines`).
+"""What every view says of a whole run: why it ended (:func:`ending`), what it spent
+(:func:`spent`), and its row in the runs list (:func:`run_row`, :func:`runs_lines`).
 
 One place decides the words, so ``rlm show``, ``rlm show --follow``, ``rlm runs`` (and
 ``--watch``), ``rlm view`` and the live view of ``rlm run`` say the same of the same run. A run's
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from harness.text import printable
 
 __all__ = ["Ending", "ending", "stage_ending", "header_lines", "run_row", "runs_lines",
-           "columns", "RUN_COLUMNS"]
+           "columns", "RUN_COLUMNS", "Spent", "spent", "usage_text", "show_lines"]
 
 _CAP = re.compile(r"budget cap '(\w+)'")
 
@@ -32,11 +32,14 @@ class Ending:
             is gone and it recorded no end) or ``running`` (it has not ended).
         short: a few words for a column (``cap calls``, ``no FINAL``...; "" when answered).
         text: the whole sentence, with the recorded reason and what to do next.
+        head: ``text`` without the recorded reason (the progress line of ``rlm run``, whose
+            last line gives the reason once).
     """
 
     kind: str
     short: str
     text: str
+    head: str = ""
 
 
 def _first_line(text: str) -> str:
@@ -74,8 +77,9 @@ def _ending(state: str, reason: str, cap: str | None, run_id: str, *,
         m = _CAP.search(reason)
         cap = cap or (m.group(1) if m else None)
         what = f"the {cap} cap" if cap else "a budget cap"
+        head = f"budget exceeded: {what} stopped it"
         return Ending("budget_exceeded", f"cap {cap}" if cap else "budget cap",
-                      f"budget exceeded: {what} stopped it" + (f" ({reason})" if reason else ""))
+                      head + (f" ({reason})" if reason else ""), head)
     if state == "cancelled":
         why = "" if reason in ("", "interrupted", "KeyboardInterrupt") else f" ({reason})"
         return Ending("cancelled", "cancelled", f"cancelled: interrupted before it ended{why}; "
@@ -87,16 +91,70 @@ def _ending(state: str, reason: str, cap: str | None, run_id: str, *,
         return Ending("crashed", "process gone", "crashed: the process running it stopped "
                       f"without recording an end{when}; {resume}")
     if reason.startswith("no FINAL"):
-        return Ending("no_answer", "no FINAL", f"no answer: {reason}")
+        return Ending("no_answer", "no FINAL", f"no answer: {reason}", "no answer")
     if state == "failed":
         return Ending("failed", reason[:40] or "failed",
-                      f"failed: {reason}" if reason else "failed (no reason was recorded)")
+                      f"failed: {reason}" if reason else "failed (no reason was recorded)",
+                      "failed")
     return Ending(state or "unknown", state, f"{state}: {reason}" if reason else state)
 
 
-def header_lines(rec: Mapping[str, Any]) -> list[str]:
+# ---------------------------------------------------------------------------- what it spent
+
+_TOTAL_KEYS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd")
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a run spent.
+
+    Attributes:
+        all: over every attempt, from the journal's spend ledger (``Journal.spend_totals``:
+            ``calls``, ``prompt_tokens``, ``completion_tokens``, ``total_tokens``, ``cost_usd``,
+            ``open``: calls in flight when an attempt died, counted at their reservation).
+        last: the last attempt's own (the same keys, from the run record's ``usage``) when the
+            run was resumed and has ended, else None (one attempt, or still running).
+    """
+
+    all: dict
+    last: dict | None = None
+
+
+def spent(journal, rec: Mapping[str, Any]) -> Spent:
+    """What the run of record ``rec`` spent: the one source of the totals every view shows
+    (``rlm show``, ``rlm view``, ``rlm runs`` and its ``--json``), so they agree after a
+    resume. Raises what ``Journal.spend_totals`` raises (``JournalError``)."""
+    usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
+    last = None
+    if isinstance(usage.get("all_attempts"), Mapping):
+        last = {k: usage.get(k) or 0 for k in _TOTAL_KEYS}
+    return Spent(journal.spend_totals(rec["run_id"]), last)
+
+
+def usage_text(u: Mapping[str, Any]) -> str:
+    """``N call(s), T tokens (I in / O out), $C`` of a totals dict (see :class:`Spent`)."""
+    return (f"{u.get('calls', 0)} call(s), {u.get('total_tokens', 0):,} tokens "
+            f"({u.get('prompt_tokens', 0):,} in / {u.get('completion_tokens', 0):,} out), "
+            f"${float(u.get('cost_usd') or 0):.6f}")
+
+
+def spent_line(sp: Spent) -> str:
+    """The ``spent: ...`` line of ``rlm show``: the totals over every attempt, then the last
+    attempt's when the run was resumed."""
+    line = f"spent: {usage_text(sp.all)}" + (" over all attempts" if sp.last is not None
+                                              else "")
+    if sp.all.get("open"):
+        line += (f" ({sp.all['open']} call(s) in flight when an attempt stopped counted at "
+                 "their reservation)")
+    if sp.last is not None:
+        line += f"; the last attempt: {usage_text(sp.last)}"
+    return line
+
+
+def header_lines(rec: Mapping[str, Any], sp: Spent | None = None) -> list[str]:
     """The opening lines of ``rlm show`` and ``rlm show --follow``: the run id, state, query
-    (and how its kernels ran), why it ended (``ended: ...``, once it has), and its answer.
+    (and how its kernels ran), why it ended (``ended: ...``, once it has), its answer, and
+    what it spent (``sp``, from :func:`spent`; no line without it).
     What the model or the user wrote is shown with its control characters escaped."""
     sandbox = (rec.get("usage") or {}).get("sandbox") if isinstance(rec.get("usage"), Mapping) \
         else None
@@ -108,7 +166,27 @@ def header_lines(rec: Mapping[str, Any]) -> list[str]:
         lines.append(f"ended: {printable(end.text)}")
     if rec.get("answer") is not None:
         lines.append(f"answer: {printable(rec['answer'])}")
+    if sp is not None:
+        lines.append(spent_line(sp))
     return lines
+
+
+def show_lines(journal, rec: Mapping[str, Any], max_level: int | None = None) -> list[str]:
+    """What ``rlm show`` prints (and ``rlm show --follow`` once the run ended): the
+    :func:`header_lines` with what the run spent, then its stage tree. When the stages' own
+    totals are not the run's (a resumed run: its re-done stages hold the last attempt's calls,
+    its replayed ones none), the tree's first line says so. Escaped for a terminal."""
+    from harness.stages.tree import StageTree
+    tree = StageTree.from_records(rec["run_id"], journal.stages(rec["run_id"]))
+    sp = spent(journal, rec)
+    note = ""
+    if "run" in tree:
+        own = tree.rollup("run").to_dict()
+        if any(round(float(own.get(k) or 0), 9) != round(float(sp.all.get(k) or 0), 9)
+               for k in _TOTAL_KEYS):
+            note = (" in the stages as last recorded (a call served from the journal counts "
+                    "0 there; `spent` above counts every attempt)")
+    return header_lines(rec, sp) + [printable(tree.render(max_level=max_level, note=note))]
 
 
 # ---------------------------------------------------------------------------- the runs list
@@ -149,15 +227,11 @@ def _plain_prompt(journal, run_id: str) -> str:
 def run_row(journal, rec: Mapping[str, Any]) -> dict[str, str]:
     """The runs list's row of one run record, every value printable text (control characters
     escaped): run id, start (local time), state, why it ended (short), owner host, depth (``-``
-    for a plain completion: no kernel, no depth), cost (USD over every attempt; a running
-    run's from its stages), and the model and query (a plain completion's prompt, marked
+    for a plain completion: no kernel, no depth), cost (USD over every attempt, as
+    :func:`spent` counts it), and the model and query (a plain completion's prompt, marked
     ``plain:``)."""
-    usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
     plain = bool((rec.get("options") or {}).get("plain"))
-    if rec.get("state") == "running":  # no usage record until it ends: add up its stages
-        cost = sum(float(s.get("cost_usd") or 0) for s in journal.stages(rec["run_id"]))
-    else:  # a resumed run: what every attempt spent (the usage itself is the last attempt's)
-        cost = float((usage.get("all_attempts") or usage).get("cost_usd") or 0.0)
+    cost = float(spent(journal, rec).all["cost_usd"])
     query = rec.get("query") or ""
     if plain and not query:
         query = "plain: " + _plain_prompt(journal, rec["run_id"])

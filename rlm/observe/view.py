@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rlm.observe.summary import ending
+from rlm.observe.summary import Spent, ending, spent as spent_of
 
 __all__ = ["FIELDS", "build_payload", "render_html", "payload_from_journal", "write_view"]
 
@@ -97,7 +97,8 @@ def _stage_text(st: Mapping, call: Mapping | None, limit: int) -> dict | None:
 
 
 def build_payload(run: Mapping, stages: Iterable[Mapping], calls: Iterable[Mapping] = (), *,
-                  max_text: int = DEFAULT_MAX_TEXT, generated_at: float | None = None) -> dict:
+                  max_text: int = DEFAULT_MAX_TEXT, generated_at: float | None = None,
+                  spent: Spent | None = None) -> dict:
     """The JSON the page renders.
 
     Args:
@@ -108,6 +109,9 @@ def build_payload(run: Mapping, stages: Iterable[Mapping], calls: Iterable[Mappi
         calls: model-call records (``Journal.model_calls``); their requests give sub-call prompts
             and a loop's system prompt.
         max_text: characters kept per text field.
+        spent: what the run spent (:func:`rlm.observe.summary.spent`): the header's cost,
+            tokens and calls are its totals over every attempt (and the last attempt's, said
+            as such); without it, the run's ``usage``.
     """
     by_call = {c["call_id"]: c for c in calls}
     rows: list[list] = []
@@ -143,6 +147,8 @@ def build_payload(run: Mapping, stages: Iterable[Mapping], calls: Iterable[Mappi
             "sub_model": run.get("sub_model") or opts.get("sub_model"),
             "child_model": opts.get("child_model"), "max_depth": run.get("max_depth"),
             "budget": opts.get("budget") or {}, "usage": usage,
+            "spent": spent.all if spent is not None else None,
+            "last_attempt": spent.last if spent is not None else None,
             "created_at": started, "finished_at": finished,
             "replay": bool(run.get("replay")),
         },
@@ -182,7 +188,7 @@ def payload_from_journal(journal, run_id: str, *, max_text: int = DEFAULT_MAX_TE
         raise UnknownRunError(f"no run {run_id!r} in journal {journal.path}; list runs with "
                               "`rlm runs`")
     return build_payload(rec, journal.stages(run_id), journal.model_calls(run_id),
-                         max_text=max_text)
+                         max_text=max_text, spent=spent_of(journal, rec))
 
 
 def payload_from_result(journal, rec: Mapping, result, *,

@@ -30,6 +30,9 @@ import json
 import string
 
 from rlm.prompting import programs
+# re-exported: the compaction texts live in a module of their own
+from rlm.prompting.compact_prompts import (COMPACT_SYSTEM, compact_request,  # noqa: F401
+                                            compacted_task)
 
 _SMALL_HEAD = """You answer questions about a long text that you cannot see directly. \
 The text is stored in the variable `context` inside a Python REPL (a Jupyter kernel). \
@@ -476,41 +479,8 @@ def subcall_prompt(prompt: str, query: str | None) -> str:
     return prompt if not query else f"{prompt}\n\nQuestion: {query}"
 
 
-# compaction (rlm.core.compaction): the summary call, and the message that carries the summary
-
-COMPACT_SYSTEM = """You write the working notes of an assistant that answers a task by \
-writing Python code in a REPL (a Jupyter kernel whose variables persist). Its conversation \
-has grown too long for its model's window, so the older turns are replaced by your notes. \
-Write them so it can go on without the turns themselves:
-1. What was learned: facts found, partial results, numbers, candidate answers (quote them exactly).
-2. The variables that hold results: each name and what it holds.
-3. What was tried and did not work.
-4. What is left to do.
-Be concise and exact. Plain text only: no code blocks, no FINAL."""
-
-
-def compact_request(task: str, previous: str | None, turns: str) -> str:
-    """The user message of the summary call: the task, the notes of an earlier compaction
-    (``previous``) and the turns to condense (``turns``, as text)."""
-    parts = [f"The task:\n{task}"]
-    if previous:
-        parts.append(f"Notes written at an earlier compaction:\n{previous}")
-    parts.append(f"The turns to condense, oldest first:\n{turns}")
-    parts.append("Write the notes now.")
-    return "\n\n".join(parts)
-
-
-def compacted_task(task: str, summary: str, dropped: int, compactions: int) -> str:
-    """The first user message after a compaction: the task as given, then what happened and
-    the notes (``summary``); ``dropped``: messages replaced so far, ``compactions``: how many
-    compactions."""
-    return (f"{task}\n\n---\n[The conversation was compacted ({compactions} time(s)): "
-            f"{dropped} earlier message(s) were replaced by the notes below to stay within the "
-            "model's window. The REPL is untouched: every variable is still there (print it "
-            "again, or SHOW_VARS()). The full transcript is in the kernel as `history`, a list "
-            "of {'role', 'content'} dicts, oldest first: e.g. "
-            "print(history[-4]['content'][:2000]).]\n\nNotes on the earlier turns:\n"
-            f"{summary}")
+# compaction (rlm.core.compaction): the summary call and its message are in
+# rlm.prompting.compact_prompts (imported above)
 
 
 def transcript_text(messages: list, limit: int | None = None) -> str:

@@ -325,11 +325,13 @@ def test_rerun_of_a_budget_stopped_run_names_the_cap_again(cli, scripted, ctx_fi
     args = ["run", "--context", str(ctx_file), "--query", "q", "--max-calls", "1",
             "--run-id", "cap-1", *endpoint_args(srv)]
     first = cli(*args)
-    assert first.rc == 5 and "\nrlm: budget cap 'calls'" in first.stderr, first.stderr
+    # the cap named once, by the reason itself
+    assert first.rc == 5 and "\nrlm: run cap-1 ended: budget cap 'calls'" in first.stderr, \
+        first.stderr
     again = cli(*args)
     assert srv.count == 1
     assert again.rc == 5, again.stderr
-    assert again.stderr.startswith("rlm: budget cap 'calls'"), again.stderr
+    assert again.stderr.startswith("rlm: run cap-1 ended: budget cap 'calls'"), again.stderr
 
 
 @pytest.mark.parametrize("after", [0.15, 0.25, 0.35, 0.6])

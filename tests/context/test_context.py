@@ -216,7 +216,7 @@ def test_a_value_from_outside_is_never_a_path_or_stdin(tmp_path, monkeypatch):
     import io
     import sys
     from rlm.context.load import Literal, load_value
-    from rlm.serve_request import parse_request
+    from rlm.serve.request import parse_request
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"STDIN-SECRET\n")))
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

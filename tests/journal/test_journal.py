@@ -295,9 +295,10 @@ def test_export_jsonl_contains_every_record(j):
     assert [r["type"] for r in recs] == (["run"] + ["stage"] * 2 + ["event"] * 6
                                          + ["model_call"] * 2 + ["cell"] * 2)
     assert all(r["run_id"] == "r" for r in recs)
-    run = {k: v for k, v in recs[0].items() if k != "type"}
+    run = {k: v for k, v in recs[0].items() if k not in ("type", "totals")}
     fresh = j.get_run("r")
     assert run == fresh
+    assert recs[0]["totals"] == j.spend_totals("r")  # over every attempt, as the views say
     assert [r["stage"] for r in recs[1:3]] == j.stages("r")
     assert [{k: v for k, v in r.items() if k != "type"} for r in recs[3:9]] == j.events("r")
     assert [{k: v for k, v in r.items() if k not in ("type", "run_id")}

@@ -201,7 +201,8 @@ def test_ctrl_c_while_a_head_start_launches_is_the_callers(gate, monkeypatch):
 def _kernel_dirs() -> set[str]:
     import glob
     import tempfile
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "rlm-k-*")))
+    # this process's only: other hosts on the machine make and remove theirs meanwhile
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"rlm-k-{os.getpid()}-*")))
 
 
 def test_a_kernel_shut_down_before_it_started_leaves_no_directory(monkeypatch):

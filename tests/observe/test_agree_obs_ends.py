@@ -103,14 +103,27 @@ def test_show_says_why_the_run_ended(ended, run_id):
     assert f.returncode == 0 and f.stdout.splitlines()[:3] == head, f.stdout
 
 
+#: run id -> (how the live view's line ends, the reason `rlm run`'s last line gives once)
+LIVE = {"end-failed": (r": failed$", r"^rlm: error: .*HTTP 400"),
+        "end-budget": (r": budget exceeded: the calls cap stopped it$",
+                       r"^rlm: run end-budget ended: budget cap 'calls'"),
+        "end-noanswer": (r": no answer$", r"^rlm: run end-noanswer ended without an answer: "
+                                          r"no FINAL after 1 iterations"),
+        "end-cancelled": (r": " + re.sub(r"^ended: ", "", ENDS["end-cancelled"][3]),
+                          r"^rlm: interrupted")}
+
+
 @pytest.mark.parametrize("run_id", list(ENDS))
 def test_the_live_view_says_why_the_run_ended(ended, run_id):
+    """Its line says how the run ended; the reason is said once, on the command's last line
+    (it was on the line of every stage that failed with it, and on this one)."""
     _, errs = ended
     err = errs[run_id]
-    text = re.sub(r"^ended: ", "", ENDS[run_id][3])
     lines = [ln for ln in err.splitlines() if ln.startswith(f"[rlm] run {run_id} ended in ")]
     assert len(lines) == 1, err
-    assert re.search(text, lines[0]), lines
+    assert re.search(LIVE[run_id][0], lines[0]), lines
+    finals = [ln for ln in err.splitlines() if re.search(LIVE[run_id][1], ln)]
+    assert len(finals) == 1, err
 
 
 class _Terminal(io.StringIO):

@@ -70,7 +70,12 @@ def test_plain_lines_while_following_from_other_processes(tmp_path):
     assert any(re.match(r"\[rlm\] L0 cell run/iteration-1/cell-0 failed \(timed out\) in \d", ln)
                for ln in lines), err
     assert any(ln.startswith("[rlm] L1 child run/iteration-2/cell-0/child-1 failed in ")
-               and "HTTP 400" in ln for ln in lines), err
+               for ln in lines), err
+    # the child's reason is said once: on the line of its model call, where it began (not
+    # again on its iteration's and its own, which failed with it)
+    assert err.count("HTTP 400") == 1 and any(
+        ln.startswith("[rlm] L1 model_call run/iteration-2/cell-0/child-1/") and "HTTP 400" in ln
+        for ln in lines), err
     assert any(ln.startswith("[rlm] L1 child run/iteration-2/cell-0/child-0 completed")
                for ln in lines), err
     so_far = [ln for ln in lines if ln.startswith("[rlm] L0 iteration run/iteration-3 completed")]
