@@ -81,6 +81,17 @@ _out = json.dumps({{"fanout": _dt}})
 {finish}
 """
 
+# children at once (the gateway benchmark): the batch of child RLMs, timed in the root's cell
+CHILD_FANOUT = """\
+import json, time
+_t0 = time.perf_counter()
+_r = rlm_batched(["child %d" % i for i in range({n})])
+_dt = time.perf_counter() - _t0
+assert len(_r) == {n} and all(x == "child-ok" for x in _r), _r[:3]
+_out = json.dumps({{"children": _dt}})
+{finish}
+"""
+
 CONTEXT = """\
 _out = str(len(context))
 {finish}
@@ -103,6 +114,8 @@ SCRIPTS = {
     "child": (CHILD, {"k": 2, "pause": 1.5}),
     "child-quick": (CHILD, {"k": 1, "pause": 1.5}),
     "fanout": (FANOUT, {"n": 64}),
+    "kids16": (CHILD_FANOUT, {"n": 16}),
+    "kids64": (CHILD_FANOUT, {"n": 64}),
     "context": (CONTEXT, {}),
     "trivial": (TRIVIAL, {}),
     "replay": (REPLAY, {"n": 199}),  # + the root's one turn = 200 calls

@@ -412,3 +412,13 @@ class BridgeServer:
             except OSError:
                 pass
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def dispatch(self, peer_pid: int, body: bytes) -> dict:
+        """The reply to one request frame's body (JSON bytes) that came over a channel other
+        than this socket (a gateway kernel's stdin channel, :mod:`kernels.gateway.serve`),
+        which vouches for the peer itself: authenticated as coming from process ``peer_pid``,
+        under the same frame cap and nesting limit as a frame read here. Never raises."""
+        refused = self._over_frame(len(body))
+        if refused:
+            return reply_error(_error("bridge refused the request: " + refused))
+        return self._answer([peer_pid], body, set())

@@ -80,8 +80,8 @@ def pool_size_for(max_depth: int, pool_size: int | None = None) -> int:
     return DEFAULT_POOL_SIZE if max_depth >= 2 else 0
 
 
-def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> Pending:
-    """Start ``kernels`` kernels now (at least 1), before the run that needs them exists; the
+def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> "Pending | None":
+    """Start ``kernels`` kernels now (none for 0), before the run that needs them exists; the
     ones already pending count (so a second call starts nothing more).
 
     A process that is about to run an RLM calls this as early as it can, with the root's kernel
@@ -99,12 +99,16 @@ def head_start(kernels: int = 1, sandbox: SandboxSpec | None = None) -> Pending:
         sandbox: how the kernels are sandboxed (default :class:`SandboxSpec`'s); a run adopts
             them only when its own spec is the same.
     Returns:
-        the first :class:`Pending` start (errors surface in the pool that adopts it).
+        the first :class:`Pending` start (errors surface in the pool that adopts it), None when
+        none was asked for and none is pending.
     """
     from kernels.secrets import hide_startup_secrets
     hide_startup_secrets()
+    if int(kernels) <= 0:  # none asked for (the run's kernels start elsewhere)
+        with _head_lock:
+            return _head[0] if _head else None
     with _head_lock:
-        while len(_head) < max(1, int(kernels)):
+        while len(_head) < int(kernels):
             _head.append(Pending(Kernel(sandbox=sandbox), launch_here=not _head))
         return _head[0]
 
@@ -156,12 +160,15 @@ class KernelPool:
             or one) to adopt: they count towards ``size`` and in :attr:`started`; the first
             ready is the first :meth:`acquire`'s.
         sandbox: how its kernels are sandboxed (:class:`kernels.bwrap.SandboxSpec`).
+        factory: makes a new (not started) kernel; default a local :class:`Kernel` with
+            ``sandbox`` (see :func:`kernels.provider.kernel_factory`).
     """
 
     def __init__(self, size: int = 0, head: "Pending | list[Pending] | None" = None,
-                 sandbox: SandboxSpec | None = None) -> None:
+                 sandbox: SandboxSpec | None = None, factory=None) -> None:
         self.size = max(0, int(size))
         self.spec = sandbox
+        self._make = factory or (lambda: Kernel(sandbox=sandbox))
         self._ready: list[Kernel] = []
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -189,7 +196,7 @@ class KernelPool:
             need = max(0, self.size - len(self._ready) - (self._starting - self._waiting))
             self._starting += need
             self.started += need
-            kernels = [Kernel(sandbox=self.spec) for _ in range(need)]
+            kernels = [self._make() for _ in range(need)]
             self._live.update(kernels)
         for k in kernels:
             threading.Thread(target=self._start_one, args=(k,), daemon=True,
@@ -218,7 +225,7 @@ class KernelPool:
             self._drop(k)
 
     def _new(self) -> Kernel:
-        k = Kernel(sandbox=self.spec)
+        k = self._make()
         with self._lock:
             self._live.add(k)
             self.started += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import importlib
 import logging
 import os
 import signal
@@ -172,10 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true")
     add_arguments(vf, "verify")
 
-    from rlm.cli.eval import add_parser as add_eval_parser  # rlm eval: depth benchmarks
-    add_eval_parser(sub)
-    from rlm.cli.chat import add_parser as add_chat_parser  # rlm chat: a session
-    add_chat_parser(sub)
+    # rlm eval (depth benchmarks), rlm chat (a session), rlm gateway-kernelspec
+    for mod in ("rlm.cli.eval", "rlm.cli.chat", "rlm.cli.gateway"):
+        importlib.import_module(mod).add_parser(sub)
     return parser
 
 
@@ -362,6 +362,11 @@ def _cmd_chat(args) -> int:
     return cmd_chat(args)
 
 
+def _cmd_gateway(args) -> int:
+    from rlm.cli.gateway import cmd
+    return cmd(args)
+
+
 def _cmd_eval(args) -> int:
     from rlm.cli.eval import cmd_eval
     return cmd_eval(args)
@@ -439,10 +444,11 @@ def _depth_flags(argv: list[str]) -> dict:
     first, in the sandbox the run asks for."""
     out: dict = {"kernel_network": True} if "--kernel-network" in argv else {}
     for i, arg in enumerate(argv):
-        if arg == "--sandbox" and i + 1 < len(argv):
-            out["sandbox"] = argv[i + 1]
-        elif arg.startswith("--sandbox="):
-            out["sandbox"] = arg[len("--sandbox="):]
+        for flag in ("--sandbox", "--kernels"):  # --kernels: no local head start for a gateway
+            if arg == flag and i + 1 < len(argv):
+                out[flag[2:]] = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                out[flag[2:]] = arg[len(flag) + 1:]
         for flag, key in _AHEAD_FLAGS:
             if arg == flag and i + 1 < len(argv):
                 value = argv[i + 1]
@@ -555,7 +561,7 @@ def _main(argv: list[str]) -> int:
     handlers = {"run": _cmd_run, "resume": _cmd_resume, "replay": _cmd_replay,
                 "show": _cmd_show, "runs": _cmd_runs, "export": _cmd_export,
                 "serve": _cmd_serve, "verify": _cmd_verify, "eval": _cmd_eval,
-                "chat": _cmd_chat}
+                "chat": _cmd_chat, "gateway-kernelspec": _cmd_gateway}
     from rlm.cli.views import handler_for
     try:
         return (handler_for(args) or handlers[args.command])(args)

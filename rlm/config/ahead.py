@@ -8,10 +8,21 @@ __all__ = ["kernels_ahead", "sandbox_of"]
 
 
 def kernels_ahead(options: dict) -> int:
-    """Kernels (int) to start ahead of a run given these options (``max_depth``, ``pool_size``):
-    the root's, plus its pool's when its children get kernels. A value that is not a plain int
-    counts as its default (the run's own validation reports it)."""
+    """Kernels (int) to start ahead of a run given these options (``max_depth``, ``pool_size``,
+    ``kernels``): the root's, plus its pool's when its children get kernels; none when the root's
+    kernel runs on a gateway, only the root's when its children's do (``kernels``: only local
+    kernels start ahead). A value that is not a
+    plain int counts as its default (the run's own validation reports it)."""
     from kernels.pool import pool_size_for
+    from kernels.provider import parse_placement
+    try:
+        placed = parse_placement(options.get("kernels"), "-")
+        if placed.root != "local":
+            return 0
+        if placed.children != "local":
+            return 1  # the children's pool is on the gateway
+    except ValueError:
+        pass  # the run's validation says what is wrong with it
 
     def _int(name: str, default: Any) -> Any:
         value = options.get(name, default)

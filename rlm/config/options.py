@@ -97,6 +97,9 @@ class Options:
     kernel_processes: int = 1024
     kernel_disk_mb: int = 1024
     kernel_seed: int = 0
+    kernels: str = "local"  # where kernels run (kernels.provider.parse_placement)
+    gateway_url: str | None = None  # else $JUPYTER_GATEWAY_URL; the token only from the env
+    gateway_kernelspec: str = "rlm"
     max_kernel_restarts: int = 3
     max_attempts: int = 6
     divergence: str = "stop"
@@ -236,6 +239,11 @@ class Option:
 
 
 _RUN_RESUME = (RUN, RESUME)
+
+
+def _placement_error(value: Any) -> str | None:
+    from kernels.provider import placement_error
+    return placement_error(value)
 
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
 #: group and of the reference tables. Embedded defaults keep what the small local model is fed small
@@ -384,6 +392,23 @@ OPTIONS: tuple[Option, ...] = (
                 "(env RLM_SANDBOX)",
            doc="kernel sandbox: `auto`, `required` or `none` (env `RLM_SANDBOX`)",
            doc_default="`auto`"),
+    Option("kernels", "--kernels", str, "local", metavar="PLACE", group=SANDBOX,
+           commands=_RUN_RESUME, stored=True, check=_placement_error,
+           help="where kernels run: local (default), gateway (a Jupyter gateway, "
+                "--gateway-url), or per role, e.g. root=local,children=gateway",
+           doc="where kernels run: `local`, `gateway`, or `root=...,children=...` "
+               "(see docs/remote-kernels.md)"),
+    Option("gateway_url", "--gateway-url", str, metavar="URL", group=SANDBOX,
+           commands=_RUN_RESUME, stored=True, check=http_url,
+           help="the Jupyter gateway's URL (env JUPYTER_GATEWAY_URL); its token only from "
+                "env JUPYTER_GATEWAY_AUTH_TOKEN",
+           doc="a Jupyter gateway's URL (env `JUPYTER_GATEWAY_URL`; the token from "
+               "`JUPYTER_GATEWAY_AUTH_TOKEN`, never a flag)"),
+    Option("gateway_kernelspec", "--gateway-kernelspec", str, "rlm", metavar="NAME",
+           group=SANDBOX, commands=_RUN_RESUME, stored=True,
+           help="the kernelspec gateway kernels start (default rlm: `rlm gateway-kernelspec "
+                "install` on the gateway host)",
+           doc="the kernelspec gateway kernels start"),
     Option("kernel_network", "--kernel-network", bool, False, group=SANDBOX,
            commands=_RUN_RESUME, stored=True,
            help="let sandboxed kernels reach the network (default: none at all)",
@@ -516,7 +541,8 @@ SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "e
                  "max_children_per_call", "max_concurrency", "price_file", "sandbox",
                  "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb",
                  "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes", "context_window",
-                 "compact_at", "kernel_seed", "pool_size", "prompt")
+                 "compact_at", "kernel_seed", "pool_size", "prompt", "kernels", "gateway_url",
+                 "gateway_kernelspec")
 #: The options of ``rlm run`` that ``rlm serve`` does not take, and why (tests/config checks
 #: that every other run option is a serve option).
 NOT_SERVED = {

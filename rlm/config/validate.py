@@ -61,6 +61,7 @@ def validate_options(o: Mapping[str, Any]) -> None:
                                   or not all(callable(x) for x in listeners)):
         raise ConfigError(f"listeners must be a list of callables, got {listeners!r}")
     _check_env_sandbox(o)
+    _check_placement(o)
     spec = provider_env(o.get("provider"))
     env_url = os.environ.get(spec.url_env)
     if not o.get("base_url") and env_url:
@@ -84,6 +85,24 @@ def _check_env_sandbox(o: Mapping[str, Any]) -> None:
             raise ConfigError(f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} must be "
                               f"{_alternatives(SANDBOX_MODES)}: fix it, unset it, or pass "
                               "--sandbox") from None
+
+
+def _check_placement(o: Mapping[str, Any]) -> None:
+    """A gateway placement needs the gateway's URL (``--gateway-url`` or
+    ``$JUPYTER_GATEWAY_URL``, itself an http(s) URL): checked before the run is journaled."""
+    from kernels.provider import parse_placement
+    try:
+        placed = parse_placement(o.get("kernels"), o.get("gateway_url"))
+    except ValueError:
+        return  # the option's own check says what is wrong with it
+    if not placed.uses_gateway:
+        return
+    if not placed.gateway_url:
+        raise ConfigError("--kernels places kernels on a gateway: pass --gateway-url URL or set "
+                          "$JUPYTER_GATEWAY_URL")
+    problem = http_url(placed.gateway_url)
+    if problem:
+        raise ConfigError(f"JUPYTER_GATEWAY_URL {problem}")
 
 
 #: keyword options whose value is text when given

@@ -17,7 +17,8 @@ from harness.control import CancelScope, Cancelled, Task, WaitClock
 from harness.stages.tree import Kind, Status
 from kernels.bridge import Registration
 from kernels.kernel import CellResult, Kernel, KernelDied
-from kernels.protocol import FINAL_EXPR, FINAL_KEY, bind_code, parse_final
+from kernels.protocol import FINAL_EXPR, FINAL_KEY, parse_final
+from kernels.provider import bind_cell
 
 from rlm.prompting import prompts
 from rlm.context.load import LoadedContext, describe
@@ -262,7 +263,7 @@ class RLMLoop:
         # (a many-file context: of the files that user may not read)
         path = self.context.share(kernel)
         stamp = self.context.stamp  # the user's own file, read in place: its size then
-        code = bind_code(kernel.share_socket(run.bridge.path), self.reg.token, path, self.context.fmt,
+        code = bind_cell(kernel, run.bridge, self.reg.token, path, self.context.fmt,
                          stamp[0] if stamp else None, checked=self.check is not None,
                          tools=kernel_specs(run.opts.tools, self.level))
         res, _ = kernel.execute(code, timeout=120)
@@ -278,7 +279,7 @@ class RLMLoop:
 
     def _new_kernel(self) -> Kernel:
         k = (self.held.acquire(self.run_tree) if self.held is not None
-             else self.run_tree.acquire_kernel())
+             else self.run_tree.acquire_kernel(self.level))
         try:
             self._bind(k)
         except BaseException:

@@ -42,13 +42,14 @@ from harness.text import clean, clean_text
 from kernels.bridge import BridgeServer, Registration
 from kernels.bridge_limits import BridgeLimits
 from kernels.kernel import Kernel
-from kernels.pool import KernelPool, pool_size_for, take_head_start
+from kernels.pool import pool_size_for
 
 from rlm.models.base import Completion, ModelClient, make_client
 from rlm.errors import ConfigError, EndpointError, RLMError
 from rlm.config.ahead import sandbox_of
 from rlm.config.options import Options
 from rlm.core.hooks import RunHooks
+from rlm.core.placement import make_pools
 from rlm.models.tokens import count_messages
 
 log = logging.getLogger("rlm")
@@ -129,8 +130,8 @@ class RunTree:
             raise ConfigError(str(exc)) from None
         self.sandbox_modes: set[str] = set()  # how the kernels it took ran
         self.limit_modes: set[str] = set()  # and how the sandboxed ones were bounded
-        self.pool = KernelPool(pool_size, head=take_head_start(self.sandbox) if adopt_head else None,
-                               sandbox=self.sandbox)
+        # the root's and the children's kernels, where --kernels places them
+        self.pool = make_pools(options, self.sandbox, pool_size, adopt_head)
         # a session's question: the session's bridge, so the token in its kernel stays valid
         self.session = hooks.session
         self.bridge = hooks.session.bridge if hooks.session else BridgeServer(self._handle, limits)
@@ -421,14 +422,15 @@ class RunTree:
         shut down unused, the one adopted from a head start included."""
         return self.pool.started
 
-    def acquire_kernel(self) -> Kernel:
-        """A started kernel from the pool (see :meth:`kernels.pool.KernelPool.acquire`).
+    def acquire_kernel(self, level: int = 0) -> Kernel:
+        """A started kernel for ``level`` (0: the root) from the pool its placement names (see
+        :meth:`kernels.pool.KernelPool.acquire`, :mod:`rlm.core.placement`).
 
         Raises:
             KernelError: no kernel could be started.
         """
         try:
-            kernel = self.pool.acquire()
+            kernel = self.pool.acquire(level)
         except RuntimeError as exc:  # could not start (the message says why)
             from rlm.errors import KernelError
             raise KernelError(str(exc)) from None

@@ -18,8 +18,10 @@ from kernels.bridge import BridgeServer, Registration
 from kernels.kernel import Kernel
 from kernels.pool import KernelPool
 from kernels.protocol import add_context_code
+from kernels.provider import kernel_factory
 
 from rlm.context.load import LoadedContext, describe
+from rlm.core.placement import placement_of
 from rlm.errors import ConfigError, ContextError, KernelError
 
 
@@ -94,7 +96,9 @@ class SessionKernel:
             if self._closed:
                 raise KernelError("the session is closed")
             if self.pool is None:
-                self.pool = KernelPool(0, sandbox=run.sandbox)
+                # the root's provider (rlm.core.placement): local, or a gateway's kernel
+                self.pool = KernelPool(0, sandbox=run.sandbox, factory=kernel_factory(
+                    placement_of(run.opts), 0, run.sandbox))
             pool = self.pool
         try:
             kernel = pool.acquire()

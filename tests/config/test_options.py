@@ -313,7 +313,8 @@ def _given(o):
         return int(o.min or 0) + 2
     if o.type is float:
         return 0.5 if o.name in ("temperature", "compact_at") else 3.5
-    return {"base_url": "http://h/v1", "system_template": "T {meta}", "prompt": "small"}.get(o.name, f"v-{o.name}")
+    return {"base_url": "http://h/v1", "system_template": "T {meta}", "prompt": "small",
+            "kernels": "root=local,children=gateway", "gateway_url": "http://gw:8888"}.get(o.name, f"v-{o.name}")
 
 
 def _record(opts: Options) -> dict:

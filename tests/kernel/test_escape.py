@@ -167,9 +167,11 @@ class _Listeners:
         self.udp.close()
 
 
-def run_probes(tmp_path: Path, monkeypatch, mode: str) -> tuple[dict, object, _Listeners]:
-    """One run in ``mode`` whose first cell runs :data:`PROBE`; returns what the cell reached,
-    the result, and the listeners (for what arrived at them)."""
+def run_probes(tmp_path: Path, monkeypatch, mode: str,
+               **options) -> tuple[dict, object, _Listeners]:
+    """One run in ``mode`` (and ``options``: where its kernels run) whose first cell runs
+    :data:`PROBE`; returns what the cell reached, the result, and the listeners (for what
+    arrived at them)."""
     home = tmp_path / "home"
     home.mkdir()
     (home / ".netrc").write_text("machine example.org login u password netrc-secret\n")
@@ -202,7 +204,7 @@ def run_probes(tmp_path: Path, monkeypatch, mode: str) -> tuple[dict, object, _L
                            journal=str(journal), **ASK)
             res = rlm.completion("ctx", "q", base_url=srv.base_url, api_key="sk-escape-test",
                                  model="m", journal=str(journal), sandbox=mode,
-                                 cell_timeout=120, **LIMITS)
+                                 cell_timeout=120, **LIMITS, **options)
         seen["write_outside"] = seen.get("write_outside", False) or outside.exists()
         seen["udp_loopback"] = listeners.udp_hits > 0
         return seen, res, listeners

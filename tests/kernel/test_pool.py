@@ -263,7 +263,11 @@ def test_head_start_of_three_is_adopted_whole_by_the_pool(gate):
 
 @pytest.mark.parametrize("options, ahead", [
     ({}, 1), ({"max_depth": 1}, 1), ({"max_depth": 2}, 3), ({"max_depth": 3, "pool_size": 0}, 1),
-    ({"max_depth": 2, "pool_size": 5}, 6), ({"max_depth": "2"}, 1), ({"max_depth": True}, 1)])
+    ({"max_depth": 2, "pool_size": 5}, 6), ({"max_depth": "2"}, 1), ({"max_depth": True}, 1),
+    # kernels on a gateway start there: none ahead here, or only the local root's
+    ({"max_depth": 2, "kernels": "gateway"}, 0),
+    ({"max_depth": 2, "kernels": "root=local,children=gateway"}, 1),
+    ({"max_depth": 2, "kernels": "root=gateway,children=local"}, 0)])
 def test_kernels_started_ahead_follow_depth_and_pool_size(options, ahead):
     from rlm.config.ahead import kernels_ahead
     assert kernels_ahead(options) == ahead
@@ -274,6 +278,8 @@ def test_rlm_run_reads_depth_and_pool_size_before_parsing():
     assert _depth_flags(["run", "--max-depth", "2", "--pool-size=1", "--query", "q"]) == \
         {"max_depth": 2, "pool_size": 1}
     assert _depth_flags(["run", "--max-depth", "x", "--pool-size"]) == {}
+    assert _depth_flags(["run", "--kernels", "gateway", "--max-depth=2"]) == \
+        {"kernels": "gateway", "max_depth": 2}
 
 
 def test_close_while_a_cell_runs_ends_it_as_a_dead_kernel_not_a_socket_error(gate):

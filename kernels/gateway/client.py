@@ -1,0 +1,168 @@
+"""The host's client of a Jupyter gateway: its REST API and a kernel's WebSocket channels.
+
+Jupyter Kernel Gateway and Jupyter Enterprise Gateway serve the same API: ``POST /api/kernels``
+starts a kernel of a named kernelspec, ``POST /api/kernels/ID/interrupt`` and ``.../restart``
+act on it, ``DELETE /api/kernels/ID`` ends it, and ``/api/kernels/ID/channels`` is a WebSocket
+carrying the kernel's Jupyter messages as JSON, each with a ``channel`` field (``shell``,
+``iopub``, ``stdin``, ``control``). Every request carries ``Authorization: token TOKEN``; the
+token is never put in a URL, a message or an exception's text.
+
+HTTP through :mod:`urllib.request`, the WebSocket through ``websocket-client``.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from datetime import datetime, timezone
+
+#: The variables the gateway's address and token are read from (jupyter_server's names).
+URL_VAR = "JUPYTER_GATEWAY_URL"
+TOKEN_VAR = "JUPYTER_GATEWAY_AUTH_TOKEN"
+
+
+class GatewayError(RuntimeError):
+    """The gateway could not be reached, refused the token, or refused a request.
+
+    Attributes:
+        status: the HTTP status (int), or 0 when the gateway was not reached at all.
+    """
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GatewayClient:
+    """Requests to one gateway.
+
+    Args:
+        url: the gateway's base URL (``http://host:port`` or ``https://...``).
+        token: its auth token (str; "" for none).
+        timeout: seconds per HTTP request (a kernel start is slower: see :meth:`start_kernel`).
+
+    Raises:
+        ValueError: ``url`` is not an http(s) URL.
+    """
+
+    def __init__(self, url: str, token: str = "", timeout: float = 10.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"gateway URL {url!r} is not an http(s) URL: pass "
+                             "--gateway-url http://HOST:PORT")
+        self.url = url.rstrip("/")
+        self._token = token
+        self.timeout = timeout
+
+    def _headers(self) -> dict:
+        h = {"Content-Type": "application/json"}
+        if self._token:
+            h["Authorization"] = f"token {self._token}"
+        return h
+
+    def request(self, method: str, path: str, body: dict | None = None,
+                timeout: float | None = None) -> dict | None:
+        """One REST call; returns the decoded JSON body (None when empty).
+
+        Raises:
+            GatewayError: not reached (status 0), the token refused (401/403), or any other
+                error status (the gateway's own message included, never the token).
+        """
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers=self._headers())
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise self._status_error(exc.code, path, exc.read()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise GatewayError(f"could not reach the Jupyter gateway at {self.url}: {reason}; "
+                               "start it, or point --gateway-url (or $JUPYTER_GATEWAY_URL) at "
+                               "a running one") from None
+        return json.loads(raw) if raw.strip() else None
+
+    def _status_error(self, code: int, path: str, body: bytes) -> GatewayError:
+        if code in (401, 403):
+            return GatewayError(f"the Jupyter gateway at {self.url} refused the token (HTTP "
+                                f"{code}): set ${TOKEN_VAR} to the gateway's auth token", code)
+        try:
+            why = json.loads(body).get("message") or ""
+        except (ValueError, AttributeError):
+            why = body[:200].decode("utf-8", "replace")
+        why = why.replace(self._token, "***") if self._token else why
+        return GatewayError(f"the Jupyter gateway at {self.url} answered HTTP {code} to "
+                            f"{path}: {why}", code)
+
+    def start_kernel(self, name: str, timeout: float = 60.0) -> str:
+        """Start a kernel of kernelspec ``name``; returns its id (str). Raises GatewayError."""
+        got = self.request("POST", "/api/kernels", {"name": name}, timeout=timeout) or {}
+        if "id" not in got:
+            raise GatewayError(f"the Jupyter gateway at {self.url} started no kernel: {got}")
+        return str(got["id"])
+
+    def interrupt(self, kernel_id: str) -> None:
+        """Interrupt the kernel's running cell. Raises GatewayError."""
+        self.request("POST", f"/api/kernels/{kernel_id}/interrupt")
+
+    def restart(self, kernel_id: str, timeout: float = 60.0) -> None:
+        """Restart the kernel (a fresh process, the same id). Raises GatewayError."""
+        self.request("POST", f"/api/kernels/{kernel_id}/restart", {}, timeout=timeout)
+
+    def delete(self, kernel_id: str) -> None:
+        """End the kernel; a kernel already gone is no error. Never raises."""
+        try:
+            self.request("DELETE", f"/api/kernels/{kernel_id}")
+        except GatewayError:
+            pass
+
+    def kernel_state(self, kernel_id: str) -> str:
+        """``"present"``, ``"absent"`` (the gateway answers without it: culled or ended) or
+        ``"unreachable"`` (the gateway does not answer, or refuses us). Never raises."""
+        try:
+            self.request("GET", f"/api/kernels/{kernel_id}", timeout=5)
+            return "present"
+        except GatewayError as exc:
+            return "absent" if exc.status == 404 else "unreachable"
+
+    def channels(self, kernel_id: str, session_id: str):
+        """Open the kernel's WebSocket channels (a ``websocket.WebSocket``).
+
+        ``session_id`` names this client's session: reconnecting with the same one lets the
+        gateway replay what the kernel sent while the socket was down.
+
+        Raises:
+            GatewayError: the WebSocket could not be opened.
+        """
+        import websocket
+        base = urllib.parse.urlsplit(self.url)
+        scheme = "wss" if base.scheme == "https" else "ws"
+        url = (f"{scheme}://{base.netloc}{base.path}/api/kernels/{kernel_id}/channels"
+               f"?session_id={session_id}")
+        headers = [f"Authorization: token {self._token}"] if self._token else []
+        try:
+            # the messages are JSON, parsed anyway: websocket-client's own UTF-8 check of each
+            # frame (pure Python) is skipped
+            ws = websocket.create_connection(url, header=headers, timeout=self.timeout,
+                                             enable_multithread=True, skip_utf8_validation=True)
+        except (websocket.WebSocketException, OSError, socket.timeout) as exc:
+            status = getattr(exc, "status_code", 0) or 0
+            if status in (401, 403):
+                raise self._status_error(status, "channels", b"") from None
+            raise GatewayError(f"could not open the kernel's channels on the Jupyter gateway "
+                               f"at {self.url}: {type(exc).__name__}", status) from None
+        return ws
+
+
+def message(msg_type: str, content: dict, session: str, channel: str,
+            parent: dict | None = None) -> dict:
+    """A Jupyter message as the gateway's WebSocket takes it (dict with ``channel``)."""
+    return {"header": {"msg_id": uuid.uuid4().hex, "username": "rlm", "session": session,
+                       "msg_type": msg_type, "version": "5.3",
+                       "date": datetime.now(timezone.utc).isoformat()},
+            "parent_header": parent or {}, "metadata": {}, "content": content,
+            "channel": channel, "buffers": []}

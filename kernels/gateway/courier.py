@@ -1,0 +1,216 @@
+"""Inside a gateway kernel: the bridge carried by the kernel's own stdin channel.
+
+A kernel behind a Jupyter gateway cannot reach the host's Unix socket; what it can do is what
+any kernel does to read ``input()``: send an ``input_request`` on its stdin channel and wait for
+the client's ``input_reply``. The host (:mod:`kernels.gateway.serve`) is that client, so bridge
+frames ride these two messages: the request's ``prompt`` is :data:`MARK` followed by the JSON
+``{"frames": [{"id": int, "frame": request}, ...]}`` and the reply's ``value`` is the JSON
+``{"replies": [{"id": int, "frame": reply}, ...]}``.
+
+ipykernel's stdin socket is not thread-safe, so one :class:`Courier` thread owns it: a cell's
+threads queue their requests, the courier sends every pending one in a single ``input_request``
+and hands each reply to the thread that asked. The host answers with whatever replies are ready
+(holding the answer up to :data:`HOLD_SECONDS` when none is), so calls made at once in a cell
+(threads, batches) travel together and never wait behind one outstanding request.
+
+Drops. Each request also lists the ids still waiting (``"waiting"``). The host dispatches a
+frame id once, ever, and keeps each reply until a later request no longer lists its id, sending
+it again while it does. After the host reopens a dropped WebSocket it sends one unsolicited
+``input_reply`` marked ``"nudge"``: a courier stuck on a request the drop lost is released by it
+and sends every unanswered frame again (the host skips the ones it has). So no call is lost and
+none is made twice; a reply that arrives twice is taken once.
+
+:class:`CourierSocket` gives :mod:`kernels.runtime` what it expects of a bridge connection
+(``connect``, ``sendall``, ``recv``, ``close``), so the runtime's own ``llm_query``, ``rlm``,
+tools, ``FINAL`` and their errors work unchanged; :func:`kernels.gateway.remote.bind` installs
+it. Standard library only.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import struct
+import threading
+
+from kernels.protocol import ErrorKind, encode_error, reply_error
+
+#: The first characters of an ``input_request`` prompt that carries bridge frames.
+MARK = "\x00rlm-bridge:"
+#: Seconds the host may hold an answer when no reply is ready yet (it says so; documented here).
+HOLD_SECONDS = 0.02
+#: Bytes of frames one ``input_request`` carries at most (past its first frame): the host
+#: refuses a larger request unread (``"refused"``), failing its frames with a ``SubcallError``.
+BATCH_BYTES = 16 << 20
+_HEADER = struct.Struct(">I")
+
+
+class CourierError(ConnectionError):
+    """The stdin channel failed (the kernel's client is gone, or stdin is not allowed)."""
+
+
+class Courier:
+    """The one thread that owns the kernel's stdin channel for bridge frames.
+
+    Args:
+        raw_input: the kernel's own ``raw_input`` (bound before any cell can replace it):
+            ``raw_input(prompt) -> str``, blocking until the client's reply.
+    """
+
+    def __init__(self, raw_input) -> None:
+        self._raw = raw_input
+        self._cv = threading.Condition()
+        self._out: list[tuple[int, str]] = []  # (id, the frame's JSON text), not sent yet
+        self._waiting: dict[int, object] = {}
+        self._sent: dict[int, str] = {}  # sent, not answered: sent again after a nudge
+        self._resend = False
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self.pid = os.getpid()
+        #: input_request round trips made (int), for tests and measurements
+        self.trips = 0
+
+    def call(self, frame: dict) -> dict:
+        """Send one bridge frame (a request dict) and wait for its reply dict.
+
+        Raises:
+            CourierError: the stdin channel failed.
+        """
+        return self.call_text(json.dumps(frame))
+
+    def call_text(self, frame: str) -> dict:
+        """:meth:`call` for a frame already in JSON text (as the runtime encoded it)."""
+        if os.getpid() != self.pid:
+            raise CourierError("a process a cell started cannot reach the host from a gateway "
+                               "kernel: call llm_query/rlm from the kernel's own process")
+        with self._cv:
+            n = next(self._ids)
+            self._out.append((n, frame))
+            self._waiting[n] = None
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="rlm-courier")
+                self._thread.start()
+            self._cv.notify_all()
+            try:
+                while self._waiting.get(n) is None:
+                    self._cv.wait()
+                got = self._waiting.pop(n)
+            except BaseException:  # interrupted: a late reply is dropped
+                self._waiting.pop(n, None)
+                self._sent.pop(n, None)
+                raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _take_batch(self) -> list:
+        """The pending frames for one request, ``[(id, JSON text)]``: up to
+        :data:`BATCH_BYTES` (at least one); the rest wait for the next (the lock is held)."""
+        batch, size = [], 0
+        while self._out and (not batch or size + len(self._out[0][1]) <= BATCH_BYTES):
+            k, text = self._out.pop(0)
+            batch.append((k, text))
+            self._sent[k] = text
+            size += len(text)
+        return batch
+
+    def _unanswered(self) -> list[int]:
+        """The ids still waiting for their reply (sorted; the caller holds the lock)."""
+        return sorted(k for k, v in self._waiting.items() if v is None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                # wait for a new frame or an unanswered one (an answered entry is the asking
+                # thread's to take: polling for it would cost a round trip per call)
+                while not self._out and not self._unanswered():
+                    self._cv.wait()
+                batch = self._take_batch()
+                waiting = self._unanswered()
+                if self._resend:  # the last request may have been lost in a drop
+                    batch = [(k, t) for k, t in self._sent.items() if k in waiting]
+                    self._resend = False
+            items = ", ".join(f'{{"id": {k}, "frame": {t}}}' for k, t in batch)
+            try:
+                value = self._raw(f'{MARK}{{"frames": [{items}], "waiting": {waiting}}}')
+                got = json.loads(value)
+                replies = got["replies"]
+                self.trips += 1
+            except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+                err = CourierError(f"the host did not answer on the stdin channel: "
+                                   f"{type(exc).__name__}: {exc}")
+                with self._cv:
+                    for k in list(self._waiting):
+                        if self._waiting[k] is None:
+                            self._waiting[k] = err
+                    self._sent.clear()
+                    self._cv.notify_all()
+                continue
+            with self._cv:
+                self._resend = bool(got.get("nudge"))
+                if got.get("refused"):  # the request was too big to read: its frames fail
+                    refused = reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
+                                                       str(got["refused"])))
+                    replies = [{"id": k, "frame": refused} for k, _ in batch]
+                for r in replies:
+                    if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:
+                        self._waiting[r["id"]] = r.get("frame") or {}
+                        self._sent.pop(r["id"], None)
+                self._cv.notify_all()
+
+
+_COURIER: list[Courier] = []
+
+
+def courier() -> Courier:
+    """This kernel's courier (made by :func:`install`). Raises CourierError before it."""
+    if not _COURIER:
+        raise CourierError("this kernel was not bound to a gateway host")
+    return _COURIER[0]
+
+
+class CourierSocket:
+    """A bridge "connection" for :mod:`kernels.runtime` that goes through the courier.
+
+    Made as ``CourierSocket(family, type)`` (the runtime's socket constructor call);
+    ``connect`` does nothing, ``sendall`` takes one whole frame (a 4-byte length and JSON, as
+    :func:`kernels.protocol.encode_frame` writes it) and sends it, ``recv`` returns the reply's
+    frame bytes.
+    """
+
+    def __init__(self, *_args) -> None:
+        self._buf = b""
+
+    def connect(self, _address) -> None:
+        """Nothing to connect: the courier owns the channel."""
+
+    def sendall(self, data: bytes) -> None:
+        """Send the frame in ``data`` and keep its reply for :meth:`recv`. Raises CourierError."""
+        (n,) = _HEADER.unpack(data[:_HEADER.size])
+        reply = courier().call_text(data[_HEADER.size:_HEADER.size + n].decode())
+        body = json.dumps(reply).encode()
+        self._buf += _HEADER.pack(len(body)) + body
+
+    def recv(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the replies received (b"" when none is left)."""
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def close(self) -> None:
+        """Drop what is left unread."""
+        self._buf = b""
+
+
+def _refuse_input(prompt: str = "") -> str:
+    raise OSError("input() is not available in an RLM kernel: the model's code runs unattended")
+
+
+def install(kernel) -> Courier:
+    """Make this kernel's courier from its ``raw_input`` and shut ``input()`` off for cells
+    (the courier owns the stdin channel). Idempotent; returns the courier."""
+    if not _COURIER:
+        _COURIER.append(Courier(kernel.raw_input))
+        kernel.raw_input = _refuse_input
+        kernel.getpass = _refuse_input
+    return _COURIER[0]
