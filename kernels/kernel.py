@@ -193,7 +193,7 @@ class Kernel:
                 # a shutdown() since the first check removed the directory, which _argv may
                 # have made again (the sandbox's context directory): it is this start's to remove
                 if self._own_dir:
-                    shutil.rmtree(self.workdir, ignore_errors=True)
+                    remove_tree(self.workdir)
                 raise RuntimeError("kernel was shut down while starting")
             # in the sandbox the kernel's sockets are in its own /tmp (its working directory
             # here is read-only to it): the host reaches them through its root
@@ -404,7 +404,7 @@ class Kernel:
                                                self.workdir if self._own_dir else "")
         kill_kernel(km, self.tag, direct=True)
         if self._own_dir:  # no ZeroMQ in it: done here, not left to a thread the exit may cut
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
         return True
 
     def begin_shutdown(self) -> "Callable[[], None] | None":

@@ -215,7 +215,8 @@ class RLMLoop:
                     cell_scope.close()
                 if cut is not None:
                     cut()
-                self.repeats.cell(code, res.error)
+                # a kernel that died is the restart cap's to judge (exit 4), not a repetition
+                self.repeats.cell(code, None if res.died else res.error)
                 out = prompts.truncate(res.output, opts.max_output_chars)
                 cell.evidence = cell_evidence(code, out, res)
                 if res.final is not None and self.check is not None:

@@ -3,7 +3,8 @@ stores, reports a violation rate of 0.
 
 Left out, by the test that wrote them: the storage unit tests (``test_journal``,
 ``test_journal_pg``: they record hand-made events, not runs), and the journals tests edit on
-purpose to show that verify catches it (the tamper tests and the edited-journal replay test)."""
+purpose to show that verify catches it (the tamper tests and the edited-journal replay test), or
+to show that a journal of an older schema is refused (the chat export's bad-input test)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,8 @@ import test_journal
 import test_journal_pg
 import test_verify
 
-_EDITED = {"test_replay_sends_nothing_and_detects_an_edited_journal"} | {
+_EDITED = {"test_replay_sends_nothing_and_detects_an_edited_journal",
+           "test_bad_input_is_a_clear_error_and_writes_nothing"} | {
     n for n in dir(test_verify) if n.startswith("test_") and n != "test_a_real_run_verifies_clean"}
 _UNIT = {n for mod in (test_journal, test_journal_pg) for n in dir(mod) if n.startswith("test_")}
 _SKIP = _EDITED | _UNIT
