@@ -32,6 +32,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 from kernels.gateway import DEFAULT_KERNELSPEC
 from kernels.protocol import BOOT_CODE
@@ -149,6 +151,7 @@ def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = Non
             km, links = _sandboxed(info, workdir, limits or {}, cache)
             proc = km.process
         signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        _end_with_parent(proc)
         rc = proc.wait()
         if cache:
             _harvest(os.path.join(workdir, "inbox"), cache)
@@ -159,6 +162,21 @@ def launch(connection_file: str, sandbox: str = "bwrap", cache: str | None = Non
         if km is not None:
             km.release()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _end_with_parent(proc: subprocess.Popen) -> None:
+    """Kill the kernel (its sandbox dies with it) once the gateway that started this launcher
+    is gone, even by SIGKILL: the gateway starts kernels in sessions of their own, so nothing
+    else would end them."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while proc.poll() is None:
+            if os.getppid() != parent:
+                proc.kill()
+                return
+            time.sleep(0.5)
+    threading.Thread(target=watch, daemon=True, name="rlm-gk-parent").start()
 
 
 def _spec(cls, limits: dict):
