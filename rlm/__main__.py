@@ -17,4 +17,8 @@ except KeyboardInterrupt:  # Ctrl-C while the CLI itself is still being imported
     print("rlm: interrupted", file=sys.stderr)
     sys.exit(130)
 
-entry()
+try:
+    entry()
+except KeyboardInterrupt:  # a stop before the CLI's own handling (its lazy imports) is in place
+    print("rlm: interrupted", file=sys.stderr)
+    sys.exit(130)
