@@ -427,7 +427,10 @@ def test_a_deep_frame_is_an_error_to_the_cell_and_no_traceback_under_q(scripted,
               "--sandbox", "required", "--no-journal", timeout=180)
     assert res.rc == 0, res.stderr
     assert res.stdout.strip() == "survived"
-    assert "Traceback" not in res.stderr and res.stderr.strip() == "", res.stderr
+    # a host without control-group delegation says once which limits stand in (documented)
+    said = [ln for ln in res.stderr.splitlines()
+            if ln.strip() and not ln.startswith("kernel limits hold per process")]
+    assert "Traceback" not in res.stderr and not said, res.stderr
     assert "nests too deeply" in got["deep"]["error"]["message"]
     assert "must be a JSON object" in got["list"]["error"]["message"]
     assert got["after"] == "sub:after deep"
