@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlm.config.argtypes import number_between
+
 __all__ = ["add_parser", "cmd_export", "one_run_id"]
 
 FORMATS = ("journal", "chat", "profile")
@@ -22,14 +24,7 @@ EPILOG = """examples:
 """
 
 
-def _score(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 <= value <= 1.0:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"must be a score from 0 to 1, got {text!r}")
-    return value
+_score = number_between(0, 1, "a score")
 
 
 def _level(text: str) -> int:

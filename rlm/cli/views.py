@@ -15,19 +15,13 @@ import webbrowser
 from pathlib import Path
 from typing import Iterator
 
+from rlm.config.argtypes import number_between
+
 
 __all__ = ["extend_parser", "handler_for", "run_hooks"]
 
 
-def _interval(text: str) -> float:
-    """An --interval value: seconds, finite, from 0.05 to 3600."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.05 <= value <= 3600:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"must be seconds from 0.05 to 3600, got {text!r}")
-    return value
+_interval = number_between(0.05, 3600, "seconds")
 
 
 def extend_parser(sub: argparse._SubParsersAction, parsers: dict) -> None:

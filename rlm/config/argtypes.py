@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["whole_number"]
+__all__ = ["whole_number", "number_between"]
 
 
 def whole_number(low: int, high: int | None = None, what: str = "a whole number"):
@@ -18,5 +18,20 @@ def whole_number(low: int, high: int | None = None, what: str = "a whole number"
             value = None
         if value is None or value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be {what} {span}, got {text!r}")
+        return value
+    return parse
+
+
+def number_between(low: float, high: float, what: str):
+    """An argparse ``type``: the argument as a finite float in ``[low, high]``, else an
+    ``ArgumentTypeError`` saying ``must be {what} from {low} to {high}`` and the value given."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"must be {what} from {low:g} to {high:g}, got {text!r}")
         return value
     return parse
