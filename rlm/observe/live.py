@@ -13,6 +13,7 @@ elapsed time.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import IO, Any, Mapping
@@ -323,7 +324,12 @@ class _Rich(_Quiet):
             self.console.print(f"[rlm] {p}", style="red", markup=False, highlight=False)
 
     def progress(self, msg: str) -> None:
-        self.console.print(f"[rlm] {msg}", markup=False, highlight=False)
+        # rich's Live places the cursor under its lock but writes a print after releasing
+        # it; a refresh from its own thread in between leaves a stale copy of the panel on
+        # the screen. Holding that lock across the print makes it one write.
+        live = self._live
+        with getattr(live, "_lock", None) or contextlib.nullcontext():
+            self.console.print(f"[rlm] {msg}", markup=False, highlight=False)
 
     def listener(self, event: dict) -> None:
         try:

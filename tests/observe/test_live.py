@@ -176,3 +176,64 @@ def test_the_live_runs_table_shows_queries_as_text(tmp_path):
     text = out.getvalue()
     assert "\x1b" not in text
     assert "m[/] / [bold red]x[/] \\x1b[2J y" in text
+
+
+def _screen(raw: str) -> list[str]:
+    """What a terminal shows after ``raw``: enough of one (text, CR, LF, cursor up, erase
+    line) for what rich's live display writes."""
+    lines, row, col = [""], 0, 0
+    for tok in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", raw):
+        if tok == "\n":
+            row, col = row + 1, 0
+            if row == len(lines):
+                lines.append("")
+        elif tok == "\r":
+            col = 0
+        elif tok.endswith("A"):
+            row = max(0, row - int(tok[2:-1] or 1))
+        elif tok.endswith("K"):
+            lines[row] = ""
+        elif not tok.startswith("\x1b["):
+            cur = lines[row].ljust(col)
+            lines[row] = cur[:col] + tok + cur[col + len(tok):]
+            col += len(tok)
+    return lines
+
+
+def test_lines_printed_from_many_threads_leave_no_stale_panel():
+    """Progress lines from the threads of a fan-out, while the panel redraws from its own
+    thread and changes height, never leave a copy of the panel behind
+    (a race inside rich's Live did, about one run in three of this size)."""
+    import io
+    import threading
+    from rich.console import Console
+    from rlm.observe.live import _Rich
+
+    def stage(sid, status):
+        return {"event": "transition", "run_id": "r", "stage": {
+            "id": sid, "kind": "cell", "status": status, "parent_id": "run",
+            "started_at": time.time()}}
+
+    for _ in range(3):
+        buf = io.StringIO()
+        display = _Rich(buf, {"max_calls": 40})
+        display.console = Console(file=buf, force_terminal=True, width=150, height=45)
+        with display:
+            display.listener({"event": "transition", "run_id": "r", "stage": {
+                "id": "run", "kind": "run", "status": "running", "started_at": time.time()}})
+
+            def worker(k):
+                for i in range(150):
+                    display.listener(stage(f"run/c-{k}-{i}", "running"))
+                    display.progress(f"worker {k} line {i}")
+                    display.listener(stage(f"run/c-{k}-{i}", "completed"))
+
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        screen = _screen(buf.getvalue())
+        stale = [line for line in screen if "active stages" in line or "running ·" in line]
+        assert stale == [], stale
+        assert sum(line.startswith("[rlm] worker") for line in screen) == 900
