@@ -154,7 +154,7 @@ class RLM:
         check_names(overrides)
         o = normalize_options({**self.options, **overrides})  # answer_schema -> a JSON Schema
         validate_options(o)
-        journal = open_journal(o.get("journal"))
+        journal = open_journal(o.get("journal"), durability=o.get("journal_durability"))
         try:
             return self._run_journaled(o, journal, context, query, plain=plain)
         finally:

@@ -178,7 +178,8 @@ class Session:
                               f"got {session_id!r}")
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self._o = o
-        self._journal = journal if journal is not None else open_journal(o.get("journal"))
+        self._journal = journal if journal is not None else open_journal(
+            o.get("journal"), durability=o.get("journal_durability"))
         self._own_journal = self._journal is not None and self._journal is not o.get("journal")
         # the endpoint (and an embedded model server it starts); a runner given is shared
         self._rlm = runner or RLM(**{k: v for k, v in o.items() if k != "journal"})

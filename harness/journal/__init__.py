@@ -1,6 +1,6 @@
 """The journal: an append-only record of runs, stage transitions, model calls and cells.
 
-One SQLite file (WAL mode, ``synchronous=NORMAL``), or one PostgreSQL database shared by many
+One SQLite file (WAL mode), or one PostgreSQL database shared by many
 hosts (``Journal("postgresql://...")``, ``pg_store.py``), holds everything resume, replay and
 ``harness.journal.verify`` need; both stores share the schema and the record statements. Every event
 carries its place in its run's hash chain (``prev_hash``, ``hash``), anchored to the run's inputs:
@@ -23,8 +23,8 @@ returns, together with everything queued before it, concurrent ones sharing one 
 other records (transitions, cells, settlements) are written behind, in order, by group commit
 (``behind.py``). A fault of the database under a run (lost connection, full disk, lock, removed
 file) is retried for a bounded time (``faults.py``), then raises ``JournalUnavailableError``.
-With WAL and ``synchronous=NORMAL`` a committed transaction survives a crash of the process
-(SIGKILL included); a power loss may lose the last transactions but never corrupts the file. A
+A committed transaction survives a crash of the process (SIGKILL included); at durability
+``power`` (``synchronous=FULL``) also an OS crash or power loss (``store.durability_level``). A
 process killed mid-transaction loses only that transaction. A truncated ``-wal`` file loses the commits in its cut-off tail (not yet checkpointed
 into the main file); every commit before the cut stays intact and the file opens. A main file
 damaged beyond that raises ``JournalCorruptError`` naming the file and what to do.

@@ -42,7 +42,7 @@ from harness.journal import schema
 from harness.journal.errors import JournalError
 from harness.journal.faults import retry_limit, retrying
 
-from harness.journal.store import (
+from harness.journal.store import (durability_level, 
     _DEFAULT_BUSY_TIMEOUT,
     _DEFAULT_STALE_AFTER,
     Store,
@@ -112,8 +112,9 @@ class PostgresStore(Store):
 
     def __init__(self, url: str, *, stale_after: float = _DEFAULT_STALE_AFTER,
                  busy_timeout: float = _DEFAULT_BUSY_TIMEOUT,
-                 retry_seconds: float | None = None) -> None:
+                 retry_seconds: float | None = None, durability: str | None = None) -> None:
         self.url = url
+        self.durability = durability_level(durability)
         self.path = redact(url)  # type: ignore[assignment]  # named in messages like a path
         self.stale_after = float(stale_after)
         self.busy_timeout = float(busy_timeout)
@@ -145,11 +146,12 @@ class PostgresStore(Store):
         try:
             raw.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
             if "synchronous_commit" not in self.url:
-                # As SQLite's WAL + synchronous=NORMAL: a commit survives the client's crash
-                # (SIGKILL included) at once, the server's crash after its WAL writer flushes
-                # (~0.2 s); no fsync wait per write. Put options=-csynchronous_commit%3Don in
-                # the URL to wait for the disk on every commit.
-                raw.execute("SET synchronous_commit = off")
+                # "process" (the default): a commit survives the client's crash (SIGKILL
+                # included) at once, the server's crash after its WAL writer flushes (~0.2 s);
+                # no fsync wait per write. "power" (or options=-csynchronous_commit%3Don in
+                # the URL) waits for the disk on every commit.
+                raw.execute("SET synchronous_commit = "
+                            + ("off" if self.durability == "process" else "on"))
             raw.execute("SET client_min_messages = warning")
             self._run(conn, "open the journal", self._check_schema, immediate=True)
         except BaseException:

@@ -472,6 +472,14 @@ OPTIONS: tuple[Option, ...] = (
            help="journal: a SQLite file or a postgresql:// URL (env RLM_JOURNAL)",
            doc="journal: a SQLite file (a path) or a `postgresql://` URL, or `False` for none",
            doc_default="see below"),
+    Option("journal_durability", "--journal-durability", choices=("process", "power"),
+           metavar="LEVEL", commands=(RUN, RESUME, SERVE),
+           help="what a journaled record survives: process (default: a crash or kill of this "
+                "process) or power (also an OS crash or power loss: an fsync per commit, "
+                "slower) (env RLM_JOURNAL_DURABILITY)",
+           doc="what a committed journal record survives: `process` (a crash or kill of the "
+               "process) or `power` (also an OS crash or power loss; an fsync per commit)",
+           doc_default="process"),
     # -- Python only ---------------------------------------------------------------------------
     Option("max_completion_tokens", None, int, 1024, min=1, max=1_000_000, stored=True,
            doc="output cap of root and child turns (tokens)"),

@@ -12,7 +12,8 @@ from rlm.context.load import LoadedContext, load_context
 from rlm.errors import ConfigError
 
 
-def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = False):
+def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = False,
+                 durability: str | None = None):
     """Open the journal ``spec`` names.
 
     Args:
@@ -25,6 +26,9 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             write is opened read-only.
         reads_only: the caller only reads (``rlm view``, ``--watch``, ``--follow``): an
             existing journal this process may not write is opened read-only.
+        durability: ``"process"`` or ``"power"`` (see
+            :func:`harness.journal.store.durability_level`); None: ``$RLM_JOURNAL_DURABILITY``,
+            else ``"process"``.
     Returns:
         a :class:`harness.journal.Journal`, or None when ``spec`` is False.
     Raises:
@@ -42,7 +46,7 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             and not Path(named).expanduser().exists():
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
                           "creates it")
-    kwargs = {}
+    kwargs: dict[str, Any] = {"durability": durability} if durability else {}
     if (must_exist or reads_only) and "://" not in str(named):
         # a journal file this process may not write (another user's, a read-only mount) is
         # read through a read-only connection; only a command that writes (resume) then fails

@@ -579,7 +579,7 @@ def main(args: Any) -> int:
         from rlm.tools import as_tools
         o["tools"] = list(as_tools(o["tools"]))
     _check_prices_at_start(o)
-    journal = open_journal(o.get("journal"))
+    journal = open_journal(o.get("journal"), durability=o.get("journal_durability"))
     o["journal"] = journal if journal is not None else False
     try:
         run(o, host=args.host, port=args.port, api_key=args.api_key,

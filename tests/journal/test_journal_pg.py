@@ -174,3 +174,15 @@ def test_unreachable_server_is_a_clear_error():
     assert "secret" not in str(info.value)
 
 
+
+
+def test_durability_level_sets_the_sessions_synchronous_commit(pg_url, monkeypatch):
+    """``process`` (the default) commits without waiting for the disk; ``power`` waits."""
+    monkeypatch.delenv("RLM_JOURNAL_DURABILITY", raising=False)
+    with Journal(pg_url) as jj:
+        assert jj._conn.raw.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    with Journal(pg_url, durability="power") as jj:
+        assert jj._conn.raw.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    monkeypatch.setenv("RLM_JOURNAL_DURABILITY", "power")
+    with Journal(pg_url) as jj:
+        assert jj._conn.raw.execute("SHOW synchronous_commit").fetchone()[0] == "on"
