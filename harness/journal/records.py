@@ -112,18 +112,21 @@ class StageRecords(WriteBehind):
         except (KeyError, TypeError, ValueError) as exc:
             raise JournalError(f"malformed stage event (needs run_id, stage.id, to, ts): "
                                f"{exc!r}; event: {event!r:.300}") from exc
+        if behind:
+            # written behind: the stage dict (a copy the listener owns) is serialized when
+            # its batch commits, on the background writer, off the sub-call's own path
+            self._defer(("event", "record queued events",
+                         (run_id, stage_id, from_status, to_status, ts, stage),
+                         (stage.get("parent_id"), stage.get("kind"), stage.get("level"))))
+            return
         try:
             stage_json = dumps(stage)
         except (TypeError, ValueError) as exc:
             raise JournalError(f"stage {stage_id!r} of run {run_id!r} is not JSON-serializable: "
                                f"{exc}") from exc
-        item = ("event", f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}",
-                (run_id, stage_id, from_status, to_status, ts, stage_json),
-                (stage.get("parent_id"), stage.get("kind"), stage.get("level")))
-        if behind:
-            self._defer(item)
-        else:
-            self._durable(item)
+        self._durable(("event", f"record event {stage_id!r} -> {to_status!r} of run {run_id!r}",
+                       (run_id, stage_id, from_status, to_status, ts, stage_json),
+                       (stage.get("parent_id"), stage.get("kind"), stage.get("level"))))
 
     def record_event_behind(self, event: dict) -> None:
         """``record_event(event, behind=True)``: the StageTree listener of a run (its

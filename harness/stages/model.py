@@ -136,7 +136,7 @@ class Stage:
     def to_dict(self) -> dict:
         """JSON-able dict of all fields; ``kind`` and ``status`` as their string values.
 
-        ``meta`` is copied (one level); ``evidence`` is included as is.
+        ``meta`` and ``evidence`` are copied (one level).
         """
         return {
             "id": self.id,
@@ -154,7 +154,8 @@ class Stage:
             "calls": self.calls,
             "cost_usd": self.cost_usd,
             "error": self.error,
-            "evidence": self.evidence,
+            # one level copied: a journal may serialize this dict later (written behind)
+            "evidence": dict(self.evidence) if type(self.evidence) is dict else self.evidence,
             "meta": dict(self.meta) if self.meta else {},
         }
 

@@ -46,7 +46,7 @@ class StageScope:
     """
 
     __slots__ = ("tree", "id", "kind", "level", "model", "evidence", "meta", "_started",
-                 "_start", "_status", "_error")
+                 "_start", "_status", "_error", "_usage")
 
     def __init__(self, tree: ScopeTree, stage: Stage, start: bool) -> None:
         self.tree = tree
@@ -57,6 +57,7 @@ class StageScope:
         self._start = start
         self._status: Status = Status.completed
         self._error: str | None = None
+        self._usage: tuple | None = None  # (prompt, completion, USD, calls) for the exit
 
     def __enter__(self) -> "StageScope":
         if self._start:
@@ -80,6 +81,17 @@ class StageScope:
         """Add settled usage (tokens, USD, calls) to this stage; see :meth:`StageTree.add_usage`."""
         self.tree.add_usage(self.id, prompt_tokens, completion_tokens, cost_usd, calls)
 
+    def usage_on_exit(self, prompt_tokens: int, completion_tokens: int, cost_usd: float,
+                      calls: int = 1) -> None:
+        """Settled usage (tokens, USD, calls) of a stage that ends right after: set in its
+        terminal transition (one event instead of a ``"usage"`` event and then the end), or
+        added as :meth:`add_usage` does if the stage ended meanwhile (a call cancelled in
+        flight still cost money). Counters start at 0 (a model call's only usage). Raises
+        ``ValueError`` on a negative amount."""
+        if prompt_tokens < 0 or completion_tokens < 0 or cost_usd < 0 or calls < 0:
+            raise ValueError("usage to add must be non-negative")
+        self._usage = (prompt_tokens, completion_tokens, cost_usd, calls)
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None:
             status, error = self._status, self._error
@@ -101,9 +113,13 @@ class StageScope:
             fields["error"] = error
         if self.meta:
             fields["meta"] = self.meta
+        if self._usage is not None and not self.tree.status(self.id).terminal:
+            fields.update(zip(("prompt_tokens", "completion_tokens", "cost_usd", "calls"),
+                              self._usage))
         if self.tree.status(self.id).terminal:
             # the run ended around this stage (cancelled at the wall cap or at shutdown):
-            # terminal statuses are absorbing, so there is nothing left to record
+            # terminal statuses are absorbing, so there is nothing left to record but usage
+            self._late_usage()
             return False
         try:
             self.tree.transition(self.id, prior, status, **fields)
@@ -111,7 +127,12 @@ class StageScope:
             if not self.tree.status(self.id).terminal:
                 raise
             # it became terminal between the check and the transition: the same case as above
+            self._late_usage()
         return False
+
+    def _late_usage(self) -> None:
+        if self._usage is not None:
+            self.tree.add_usage(self.id, *self._usage)
 
 
 def cancel_open(tree: ScopeTree, why: str) -> int:

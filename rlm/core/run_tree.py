@@ -223,7 +223,7 @@ class RunTree:
             if server is not None:
                 st.meta["server"] = server
             comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope)
-            st.add_usage(comp.prompt_tokens, comp.completion_tokens, cost)
+            st.usage_on_exit(comp.prompt_tokens, comp.completion_tokens, cost)
             st.evidence = comp.text
             st.meta.update(comp.meta(), reply=reply_facts(comp))
         if self.journal is not None:
