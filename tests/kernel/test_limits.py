@@ -8,7 +8,6 @@ elsewhere the tests that need it skip, saying why, and assert the documented sta
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -16,6 +15,7 @@ import pytest
 
 import rlm
 from conftest import API_KEY, MODEL, repl
+from kernel_attacks import DISK, HOGS, LEAVE, ONE_HOG, cell, printed
 from kernels import cgroups
 from kernels.bwrap import sandbox_problem
 from scripted_server import ScriptedServer
@@ -50,29 +50,11 @@ def _run(cells: list[str], **options):
     return res, seen
 
 
-def _printed(seen: list[str], tag: str) -> dict:
-    for text in seen:
-        for line in text.splitlines():
-            if line.startswith(tag + " "):
-                return json.loads(line[len(tag) + 1:])
-    raise AssertionError(f"no {tag} line in what the model saw: {seen[-1][:2000]}")
-
-
-#: Three processes of 400 MiB each, held at once (each alone is within the 768 MiB cap).
-THREE_HOGS = r'''
-import json, subprocess, sys
-hog = "b = bytearray(400 << 20); print('held', flush=True); import time; time.sleep(4)"
-ps = [subprocess.Popen([sys.executable, "-c", hog], stdout=subprocess.PIPE) for _ in range(3)]
-codes = [p.wait() for p in ps]
-print("HOGS " + json.dumps({"codes": codes}))
-'''
-
-
 @needs_groups
 def test_memory_is_counted_over_all_of_a_kernels_processes():
-    res, seen = _run([repl(THREE_HOGS), repl("FINAL('went on')")])
+    res, seen = _run([repl(cell(HOGS)), repl("FINAL('went on')")])
     assert res.status == "completed" and res.answer == "went on", res.reason
-    codes = _printed(seen, "HOGS")["codes"]
+    codes = printed(seen, "HOGS")["codes"]
     # 3 x 400 MiB cannot be held under 768 MiB: the kernel's group killed the others
     assert codes.count(0) <= 1 and codes.count(-9) >= 2, codes
     killed = codes.count(-9)  # and the cell's output says why
@@ -83,12 +65,10 @@ def test_memory_is_counted_over_all_of_a_kernels_processes():
 def test_without_groups_each_process_is_capped_instead():
     """The stand-in (and, where groups hold, the first line of defence): one process that asks
     for more than ``--kernel-memory`` gets ``MemoryError`` and the kernel goes on."""
-    cell = repl("import json\ntry:\n    b = bytearray(1000 << 20)\n    got = 'allocated'\n"
-                "except MemoryError:\n    got = 'MemoryError'\nprint('ONE ' + json.dumps(got))")
-    res, seen = _run([cell, repl("FINAL('went on')")])
+    res, seen = _run([repl(cell(ONE_HOG)), repl("FINAL('went on')")])
     assert res.answer == "went on", res.reason
     assert res.kernel_limits == ("cgroup" if GROUPS else "rlimit")  # the result says which held
-    assert _printed(seen, "ONE") == "MemoryError"
+    assert printed(seen, "ONE") == "MemoryError"
 
 
 #: A kernel that outgrows its memory: a child holds 720 MiB, the kernel adds to it. The kernel
@@ -134,56 +114,21 @@ def test_what_a_kernel_writes_to_its_tmpfs_counts_as_its_memory():
 
 
 def test_open_descriptors_are_capped_per_process():
-    cell = repl("import json, os\nfds = []\ntry:\n    while len(fds) < 100000:\n"
+    fds = repl("import json, os\nfds = []\ntry:\n    while len(fds) < 100000:\n"
                 "        fds.append(os.open('/dev/null', os.O_RDONLY))\n    err = None\n"
                 "except OSError as e:\n    err = e.strerror\n"
                 "print('FDS ' + json.dumps([len(fds), err]))\n"
                 "for fd in fds:\n    os.close(fd)")
-    res, seen = _run([cell, repl("FINAL('went on')")])
+    res, seen = _run([fds, repl("FINAL('went on')")])
     assert res.answer == "went on", res.reason
-    n, err = _printed(seen, "FDS")
+    n, err = printed(seen, "FDS")
     assert err == "Too many open files" and n < 4096, (n, err)
 
 
-#: Many files and one big file in every place a cell may write, the host's working directory
-#: (where the kernel's connection file is) included.
-DISK = r'''
-import json, os
-args = open("/proc/self/cmdline", "rb").read().split(b"\0")
-workdir = os.path.dirname(args[args.index(b"-f") + 1].decode())
-out = {}
-def big(d):
-    try:
-        with open(os.path.join(d, "big"), "wb") as f:
-            for _ in range(200):
-                f.write(b"x" * (1 << 20))
-        return "wrote 200 MiB"
-    except OSError as e:
-        return e.strerror
-    finally:
-        try: os.remove(os.path.join(d, "big"))
-        except OSError: pass
-def many(d):
-    n = 0
-    try:
-        os.makedirs(os.path.join(d, "many"), exist_ok=True)
-        for n in range(20000):
-            with open(os.path.join(d, "many", str(n)), "wb") as f:
-                f.write(b"y" * 4096)
-        return "wrote 20000 files"
-    except OSError as e:
-        return f"{e.strerror} after {n}"
-for d in ("/tmp", "/tmp/home", "/dev/shm", workdir):
-    out[d if d != workdir else "workdir"] = [big(d), many(d)]
-    os.system(f"rm -rf {os.path.join(d, 'many')}")
-print("DISK " + json.dumps(out))
-'''
-
-
 def test_disk_is_capped_in_every_place_a_cell_may_write():
-    res, seen = _run([repl(DISK), repl("FINAL('went on')")])
+    res, seen = _run([repl(cell(DISK)), repl("FINAL('went on')")])
     assert res.status == "completed" and res.answer == "went on", res.reason
-    got = _printed(seen, "DISK")
+    got = printed(seen, "DISK")
     for place in ("/tmp", "/tmp/home", "/dev/shm"):
         big, many = got[place]
         assert big in ("No space left on device", "File too large"), (place, got)
@@ -193,35 +138,11 @@ def test_disk_is_capped_in_every_place_a_cell_may_write():
                               "Read-only file system after 0"], got
 
 
-#: What a cell leaves in the places it may write: a mode-000 directory holding a file, and a
-#: read-only file in a read-only directory (in its working directory and in its home).
-LEAVE = r'''
-import json, os
-args = open("/proc/self/cmdline", "rb").read().split(b"\0")
-workdir = os.path.dirname(args[args.index(b"-f") + 1].decode())
-made = []
-for base in (workdir, os.path.expanduser("~"), os.getcwd()):
-    try:
-        os.makedirs(os.path.join(base, "closed", "deeper"), exist_ok=True)
-        open(os.path.join(base, "closed", "deeper", "f"), "w").write("x")
-        os.chmod(os.path.join(base, "closed", "deeper"), 0)
-        os.chmod(os.path.join(base, "closed"), 0)
-        os.makedirs(os.path.join(base, "ro"), exist_ok=True)
-        open(os.path.join(base, "ro", "f"), "w").write("x")
-        os.chmod(os.path.join(base, "ro", "f"), 0o444)
-        os.chmod(os.path.join(base, "ro"), 0o555)
-        made.append(base)
-    except OSError as e:
-        made.append(e.strerror)
-print("LEFT " + json.dumps({"workdir": workdir, "made": made}))
-'''
-
-
 @pytest.mark.parametrize("mode", ["required", "none"])
 def test_a_kernels_files_go_with_it_whatever_modes_a_cell_set(mode):
-    res, seen = _run([repl(LEAVE), repl("FINAL('went on')")], sandbox=mode)
+    res, seen = _run([repl(cell(LEAVE)), repl("FINAL('went on')")], sandbox=mode)
     assert res.answer == "went on", res.reason
-    got = _printed(seen, "LEFT")
+    got = printed(seen, "LEFT")
     if mode == "required":  # the host's directory is read-only to it; the rest is its tmpfs
         assert got["made"][0] == "Read-only file system", got
     else:

@@ -4,7 +4,6 @@ refuses (io_uring, new user namespaces), and a root host's kernels each under a 
 own. Each tried from a real cell of a real sandboxed kernel through the public API."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -14,6 +13,7 @@ import pytest
 
 import rlm
 from conftest import API_KEY, MODEL, repl
+from kernel_attacks import BOMB, KEYS, cell, printed
 from kernels import identity
 from kernels.bwrap import sandbox_problem
 from scripted_server import ScriptedServer
@@ -42,39 +42,14 @@ def _run(cells: list[str], seen: list[str] | None = None, on_first=None, **optio
         return rlm.completion("ctx", "q", **o)
 
 
-def _printed(seen: list[str], tag: str):
-    for text in seen:
-        for line in text.splitlines():
-            if line.startswith(tag + " "):
-                return json.loads(line[len(tag) + 1:])
-    raise AssertionError(f"no {tag} line in what the model saw: {seen[-1][:2000]}")
-
-
-#: Forks until refused, and holds every child for 12 s.
-BOMB = r'''
-import json, os, time
-kids, err = [], None
-try:
-    for _ in range(400):
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(12)
-            os._exit(0)
-        kids.append(pid)
-except OSError as e:
-    err = e.strerror
-time.sleep(10)
-print("BOMB " + json.dumps([len(kids), err]))
-'''
-
-
 def test_a_fork_bomb_in_one_run_does_not_stop_another_runs_kernel():
     bombing = threading.Event()
     seen_a: list[str] = []
     out: dict = {}
 
     def run_a():
-        out["a"] = _run([repl(BOMB), repl("FINAL('a done')")], seen_a, on_first=bombing.set)
+        bomb = cell(BOMB, "import time; time.sleep(10)")  # its children live till then
+        out["a"] = _run([repl(bomb), repl("FINAL('a done')")], seen_a, on_first=bombing.set)
     t = threading.Thread(target=run_a)
     t.start()
     try:
@@ -87,33 +62,18 @@ def test_a_fork_bomb_in_one_run_does_not_stop_another_runs_kernel():
         t.join(120)
     assert b.status == "completed" and b.answer == "b done", b.reason
     assert out["a"].answer == "a done", out["a"].reason
-    forks, err = _printed(seen_a, "BOMB")
+    forks, err = printed(seen_a, "BOMB")
     assert err == "Resource temporarily unavailable" and forks < 64, (forks, err)
     assert took < 60
 
 
-#: A value put in the session and user keyrings, then looked for (by the next run).
-KEYS = r'''
-import ctypes, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-NR = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
-def add(ring):
-    r = libc.syscall(NR[0], b"user", b"rlm-left-behind", b"secret-value", 12, ring)
-    return "added" if r >= 0 else os.strerror(ctypes.get_errno())
-def search(ring):
-    r = libc.syscall(NR[1], 10, ring, b"user", b"rlm-left-behind", 0)  # KEYCTL_SEARCH
-    return "found" if r >= 0 else os.strerror(ctypes.get_errno())
-print("KEYS " + json.dumps({"add": [add(-3), add(-4)], "search": [search(-3), search(-4)]}))
-'''
-
-
 def test_a_keyring_value_does_not_pass_from_one_run_to_the_next():
     seen1, seen2 = [], []
-    _run([repl(KEYS), repl("FINAL('x')")], seen1)
-    _run([repl(KEYS), repl("FINAL('x')")], seen2)
+    _run([repl(cell(KEYS)), repl("FINAL('x')")], seen1)
+    _run([repl(cell(KEYS)), repl("FINAL('x')")], seen2)
     refused = os.strerror(1)  # EPERM: the sandbox refuses the keyring calls
-    assert _printed(seen1, "KEYS") == {"add": [refused] * 2, "search": [refused] * 2}
-    assert _printed(seen2, "KEYS")["search"] == [refused] * 2
+    assert printed(seen1, "KEYS") == {"add": [refused] * 2, "search": [refused] * 2}
+    assert printed(seen2, "KEYS")["search"] == [refused] * 2
 
 
 #: io_uring, and a new user namespace by each way there is.
@@ -136,7 +96,7 @@ def test_io_uring_and_new_user_namespaces_are_refused():
     seen: list[str] = []
     res = _run([repl(CALLS), repl("FINAL('went on')")], seen)
     assert res.answer == "went on", res.reason
-    got = _printed(seen, "CALLS")
+    got = printed(seen, "CALLS")
     assert got["io_uring"] == got["unshare_user"] == os.strerror(1), got
     assert got["unshare_cmd"] != 0 and got["threads_and_processes"] == 0, got
 
@@ -152,7 +112,7 @@ def test_on_a_root_host_each_kernel_runs_as_a_user_of_its_own(monkeypatch):
     seen1, seen2 = [], []
     _run([repl(WHO), repl("FINAL('x')")], seen1)
     _run([repl(WHO), repl("FINAL('x')")], seen2)
-    (u1, g1), (u2, g2) = _printed(seen1, "WHO"), _printed(seen2, "WHO")
+    (u1, g1), (u2, g2) = printed(seen1, "WHO"), printed(seen2, "WHO")
     assert identity.managed(u1) and identity.managed(u2) and u1 != u2
     assert identity.managed(g1) and g1 == g2  # one host: one group (the bridge opens to it)
 
