@@ -26,15 +26,22 @@ def two_turns(req: dict) -> str:
     return repl("FINAL(w)")
 
 
-def live_kernels() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "ipykernel" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+def live_kernels(settle: float = 10.0) -> list[psutil.Process]:
+    """This process's kernel processes still alive after up to ``settle`` seconds (a kernel
+    shut down at a run's end may take a moment to exit on a loaded machine; a leaked one
+    stays)."""
+    deadline = time.monotonic() + settle
+    while True:
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "ipykernel" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 def test_twenty_concurrent_runs_in_one_event_loop(scripted):

@@ -42,7 +42,7 @@ def test_a_cells_own_work_is_still_timed_out_after_a_wait(api):
     assert res.status == "completed", res.reason
     fb = _feedback(srv, 1)
     assert "NEVER" not in fb and "timeout" in fb.lower()
-    assert took < 8
+    assert took < 12  # a 1 s timeout and two short turns; loose for a loaded 2-core machine
 
 
 def test_the_wall_cap_still_ends_a_cell_that_waits(api):
