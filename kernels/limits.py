@@ -13,7 +13,7 @@ import logging
 import os
 
 from kernels import cgroups, seccomp
-from kernels.bwrap import SandboxSpec
+from kernels.bwrap import SandboxSpec, SandboxUnavailable
 
 __all__ = ["KernelLimits", "ERRFILE", "limits_mode"]
 
@@ -59,6 +59,7 @@ class KernelLimits:
             bubblewrap; None on a machine without a filter.
 
     Raises:
+        SandboxUnavailable: no group could be made and the sandbox is ``required``.
         OSError: the error file cannot be made (the group, if any, is removed again).
     """
 
@@ -69,7 +70,14 @@ class KernelLimits:
         self.mode = "cgroup" if self.group is not None else "rlimit"
         self._seen: dict[str, int] = {}
         if self.group is None:
-            _warn_once(cgroups.unavailable() or "no control group", spec)
+            why = cgroups.unavailable() or "no control group could be made"
+            if spec.requested() == "required":
+                raise SandboxUnavailable(
+                    f"--sandbox required, but a kernel's memory, process and CPU limits cannot "
+                    f"be held per kernel here: {why}. Run the host in a delegated control group "
+                    "(systemd-run --user --scope -p Delegate=yes rlm ...), or use --sandbox "
+                    "auto, where per-process limits stand in (docs/security.md)")
+            _warn_once(why, spec)
         self.cgroup_fds: list[int] = []
         self.errfd, self.seccomp_fd = -1, None
         try:

@@ -174,6 +174,14 @@ def closed_port() -> int:
     return port
 
 
+def strict_sandbox() -> str:
+    """The sandbox mode of tests that need the sandbox and its limits: ``required`` where
+    per-kernel control groups can be made (elsewhere ``required`` refuses to start a kernel),
+    else ``auto`` (bubblewrap, with the per-process limits standing in)."""
+    from kernels import cgroups
+    return "required" if cgroups.unavailable() is None else "auto"
+
+
 def clean_env(**extra: str) -> dict:
     """The host environment minus endpoint/journal settings, with the repo importable."""
     env = {k: v for k, v in os.environ.items()

@@ -28,7 +28,7 @@ from kernels.protocol import Op, recv_message, send_message
 
 import rlm
 from bridge_attacks import BIG, DEEP, FLOOD, seen
-from conftest import API_KEY, MODEL, endpoint_args, is_root, last_user, repl
+from conftest import API_KEY, MODEL, endpoint_args, is_root, last_user, repl, strict_sandbox
 from kernels.bwrap import sandbox_problem
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -356,7 +356,7 @@ def test_a_cell_announcing_gigabytes_is_refused_and_the_host_stays_small(scripte
     srv = scripted(_attacker("BIG", BIG, got))
     with PeakRSS() as peak:
         res = rlm.completion("ctx", "q", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
-                             journal=False, sandbox="required", cell_timeout=120)
+                             journal=False, sandbox=strict_sandbox(), cell_timeout=120)
     assert res.status == "completed" and res.answer == "survived", res.reason
     raw = got["raw"]
     assert raw["ok"] is False and raw["closed"] is True
@@ -399,7 +399,7 @@ def test_a_connection_flood_is_refused_past_the_kernels_share_and_another_run_go
 
     srv = scripted(respond)
     opts = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=False,
-                sandbox="required", cell_timeout=180)
+                sandbox=strict_sandbox(), cell_timeout=180)
     other: dict = {}
     t = threading.Thread(target=lambda: other.update(res=rlm.completion("ctx", "quiet-run", **opts)))
     t.start()
@@ -424,7 +424,7 @@ def test_a_deep_frame_is_an_error_to_the_cell_and_no_traceback_under_q(scripted,
     ctx = tmp_path / "ctx.txt"
     ctx.write_text("some context")
     res = cli("run", "--context", str(ctx), "--query", "q", *endpoint_args(srv), "-q",
-              "--sandbox", "required", "--no-journal", timeout=180)
+              "--sandbox", strict_sandbox(), "--no-journal", timeout=180)
     assert res.rc == 0, res.stderr
     assert res.stdout.strip() == "survived"
     # a host without control-group delegation says once which limits stand in (documented)

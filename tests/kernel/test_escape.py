@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import rlm
-from conftest import repl
+from conftest import repl, strict_sandbox
 from kernels.bwrap import sandbox_problem
 from scripted_server import ScriptedServer
 
@@ -218,7 +218,7 @@ needs_sandbox = pytest.mark.skipif(sandbox_problem() is not None,
 
 @needs_sandbox
 def test_every_escape_is_blocked_in_the_sandbox_and_the_run_goes_on(tmp_path, monkeypatch):
-    seen, res, listeners = run_probes(tmp_path, monkeypatch, "required")
+    seen, res, listeners = run_probes(tmp_path, monkeypatch, strict_sandbox())
     assert res.status == "completed" and res.answer == "went on", res.reason
     assert res.sandbox == "bwrap"
     assert set(seen) == set(ALL), seen

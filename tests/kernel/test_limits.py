@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import rlm
-from conftest import API_KEY, MODEL, repl
+from conftest import API_KEY, MODEL, repl, strict_sandbox
 from kernel_attacks import DISK, HOGS, LEAVE, ONE_HOG, cell, printed
 from kernels import cgroups
 from kernels.bwrap import sandbox_problem
@@ -44,7 +44,7 @@ def _run(cells: list[str], **options):
 
     with ScriptedServer(respond) as srv:
         o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=False,
-                 sandbox="required", cell_timeout=120, **LIMITS)
+                 sandbox=strict_sandbox(), cell_timeout=120, **LIMITS)
         o.update(options)
         res = rlm.completion("ctx", "q", **o)
     return res, seen
@@ -138,12 +138,13 @@ def test_disk_is_capped_in_every_place_a_cell_may_write():
                               "Read-only file system after 0"], got
 
 
-@pytest.mark.parametrize("mode", ["required", "none"])
+@pytest.mark.parametrize("mode", ["sandboxed", "none"])
 def test_a_kernels_files_go_with_it_whatever_modes_a_cell_set(mode):
-    res, seen = _run([repl(cell(LEAVE)), repl("FINAL('went on')")], sandbox=mode)
+    res, seen = _run([repl(cell(LEAVE)), repl("FINAL('went on')")],
+                     sandbox=strict_sandbox() if mode == "sandboxed" else mode)
     assert res.answer == "went on", res.reason
     got = printed(seen, "LEFT")
-    if mode == "required":  # the host's directory is read-only to it; the rest is its tmpfs
+    if mode == "sandboxed":  # the host's directory is read-only to it; the rest is its tmpfs
         assert got["made"][0] == "Read-only file system", got
     else:
         assert got["made"][0] == got["workdir"], got

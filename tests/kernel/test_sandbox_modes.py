@@ -74,3 +74,40 @@ def test_kernel_network_keeps_the_hosts_network_in_the_sandbox(cli, scripted, tm
     assert (with_net["sandbox"], reached) == ("bwrap", "yes") and int(pids) < 10
     without = json.loads(_run(cli, srv, tmp_path).stdout)
     assert without["answer"].split()[0] == "no"
+
+
+def test_required_where_no_control_group_can_be_made_refuses_before_a_kernel_starts(
+        monkeypatch, tmp_path):
+    """Where the per-kernel limits cannot be held (a non-root host without delegation),
+    ``required`` refuses with the reason and what to do; ``auto`` lets the per-process limits
+    stand in. (The whole CLI path is the next test, on a host without groups.)"""
+    from kernels import cgroups, limits
+    from kernels.bwrap import SandboxSpec, SandboxUnavailable
+    monkeypatch.setattr(cgroups.KernelGroup, "create", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(cgroups, "unavailable", lambda: "no delegation to this user")
+    with pytest.raises(SandboxUnavailable) as err:
+        limits.KernelLimits(SandboxSpec(mode="required"), "t", str(tmp_path))
+    text = str(err.value)
+    assert "no delegation to this user" in text and "Delegate=yes" in text
+    assert "--sandbox auto" in text
+    lim = limits.KernelLimits(SandboxSpec(mode="auto"), "t", str(tmp_path))
+    try:
+        assert lim.mode == "rlimit" and lim.group is None
+    finally:
+        lim.close()
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox: {sandbox_problem()}")
+def test_required_on_a_host_without_groups_is_exit_4_and_auto_runs(cli, scripted, tmp_path):
+    from kernels import cgroups
+    if cgroups.unavailable() is None:
+        pytest.skip("this host may create control groups (the unprivileged run covers this)")
+    srv = scripted(script([repl("FINAL('x')"), repl("FINAL('x')")]))
+    r = _run(cli, srv, tmp_path, "--sandbox", "required")
+    assert r.rc == 4, r.stderr
+    assert "per kernel" in r.stderr and "Delegate=yes" in r.stderr
+    assert "Traceback" not in r.stderr
+    ok = _run(cli, srv, tmp_path, "--sandbox", "auto")
+    assert ok.rc == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    assert out["sandbox"] == "bwrap" and out["kernel_limits"] == "rlimit"

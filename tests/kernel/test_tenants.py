@@ -12,7 +12,7 @@ import time
 import pytest
 
 import rlm
-from conftest import API_KEY, MODEL, repl
+from conftest import API_KEY, MODEL, repl, strict_sandbox
 from kernel_attacks import BOMB, KEYS, cell, printed
 from kernels import identity
 from kernels.bwrap import sandbox_problem
@@ -37,7 +37,7 @@ def _run(cells: list[str], seen: list[str] | None = None, on_first=None, **optio
 
     with ScriptedServer(respond) as srv:
         o = dict(base_url=srv.base_url, api_key=API_KEY, model=MODEL, journal=False,
-                 sandbox="required", cell_timeout=120, kernel_processes=64)
+                 sandbox=strict_sandbox(), cell_timeout=120, kernel_processes=64)
         o.update(options)
         return rlm.completion("ctx", "q", **o)
 
