@@ -91,8 +91,9 @@ def _stage_json(stage: dict, path: Any) -> str:
     except (TypeError, ValueError) as exc:
         log.error("journal %s: stage %r is not JSON-serializable (%s); its unencodable values "
                   "are recorded as their repr", path, stage.get("id"), exc)
-        return json.dumps(stage, default=repr, check_circular=False) if not isinstance(
-            exc, ValueError) else json.dumps({k: repr(v) for k, v in stage.items()})
+        plain = (str, int, float, bool, type(None))
+        return json.dumps({str(k): v if isinstance(v, plain) else repr(v)
+                           for k, v in stage.items()})
 
 
 def _chain_conflict(exc: BaseException) -> bool:
