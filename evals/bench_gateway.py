@@ -3,6 +3,7 @@
 Usage::
 
     python -m evals.bench_gateway [--reps 3] [--children 16,64] [--context-mb 100]
+                                  [--only child,subcall,children,context]
                                   [--gateway-url URL] [--json]
 
 Each figure is measured in a fresh process per repetition, the two providers interleaved (the
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--children", default="16,64", help="fan-out sizes: 16, 64 or both")
     ap.add_argument("--context-mb", type=int, default=100)
+    ap.add_argument("--only", default="child,subcall,children,context",
+                    help="the figures to measure (comma-separated; default all)")
     ap.add_argument("--gateway-url")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -164,8 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     url, token = a.gateway_url, os.environ.get("JUPYTER_GATEWAY_AUTH_TOKEN", "")
     if not url:
         gw, url, token, home = _start_gateway()
-    figures = ["child", "subcall"] + [f"kids{n}" for n in a.children.split(",") if n] + [
-        "context"]
+    only = set(a.only.split(","))
+    figures = ([f for f in ("child", "subcall") if f in only]
+               + [f"kids{n}" for n in a.children.split(",") if n and "children" in only]
+               + ["context"] * ("context" in only))
     got: dict = {"local": {}, "gateway": {}}
     try:
         for rep in range(a.reps):
