@@ -59,6 +59,7 @@ class GatewayClient:
         self.url = url.rstrip("/")
         self._token = token
         self.timeout = timeout
+        self._json_only = False  # the gateway refused the binary subprotocol once
 
     def _headers(self) -> dict:
         h = {"Content-Type": "application/json"}
@@ -147,22 +148,35 @@ class GatewayClient:
         url = (f"{scheme}://{base.netloc}{base.path}/api/kernels/{kernel_id}/channels"
                f"?session_id={session_id}")
         headers = [f"Authorization: token {self._token}"] if self._token else []
-        try:
-            # the messages are JSON, parsed anyway: websocket-client's own UTF-8 check of each
-            # frame (pure Python) is skipped
+        while True:
             # the binary subprotocol when the gateway speaks it: the gateway then passes each
             # message's parts between the WebSocket and the kernel's socket as they are (only
-            # signing what goes in) instead of parsing, re-dating and re-encoding every message
-            ws = websocket.create_connection(url, header=headers, timeout=self.timeout,
-                                             enable_multithread=True, skip_utf8_validation=True,
-                                             subprotocols=[WS_V1])
-        except (websocket.WebSocketException, OSError, socket.timeout) as exc:
-            status = getattr(exc, "status_code", 0) or 0
-            if status in (401, 403):
-                raise self._status_error(status, "channels", b"") from None
-            raise GatewayError(f"could not open the kernel's channels on the Jupyter gateway "
-                               f"at {self.url}: {type(exc).__name__}", status) from None
-        return ws
+            # signing what goes in) instead of parsing, re-dating and re-encoding every message;
+            # a gateway that does not (it answers without the protocol, which websocket-client
+            # refuses) gets JSON text from then on
+            protocols = None if self._json_only else [WS_V1]
+            try:
+                # websocket-client's own UTF-8 check of each frame (pure Python) is skipped:
+                # the messages are JSON, parsed anyway
+                return websocket.create_connection(
+                    url, header=headers, timeout=self.timeout, enable_multithread=True,
+                    skip_utf8_validation=True, subprotocols=protocols)
+            except websocket.WebSocketBadStatusException as exc:
+                status = getattr(exc, "status_code", 0) or 0
+                if status in (401, 403):
+                    raise self._status_error(status, "channels", b"") from None
+                raise self._channels_error(exc, status) from None
+            except (websocket.WebSocketTimeoutException, OSError) as exc:
+                raise self._channels_error(exc) from None
+            except websocket.WebSocketException as exc:
+                # the handshake's own refusal is this plain class; a closed connection is not
+                if protocols is None or type(exc) is not websocket.WebSocketException:
+                    raise self._channels_error(exc) from None
+                self._json_only = True
+
+    def _channels_error(self, exc: BaseException, status: int = 0) -> GatewayError:
+        return GatewayError(f"could not open the kernel's channels on the Jupyter gateway at "
+                            f"{self.url}: {type(exc).__name__}", status)
 
 
 def message(msg_type: str, content: dict, session: str, channel: str,
@@ -195,7 +209,7 @@ def decode_v1(data: bytes) -> dict | None:
         if not 3 <= count <= 1024 or len(data) < 8 * (count + 1):
             return None
         offs = [int.from_bytes(data[8 * i:8 * i + 8], "little") for i in range(1, count + 1)]
-        chunks = [data[a:b] for a, b in zip(offs, offs[1:] + [len(data)])]
+        chunks = [data[a:b] for a, b in zip(offs, offs[1:])]  # the last offset: the end
         msg = {"channel": chunks[0].decode()}
         for k, part in zip(_PARTS, chunks[1:5]):
             msg[k] = json.loads(part) if part else {}
