@@ -339,6 +339,7 @@ class GatewayKernel:
             kind = m.get("header", {}).get("msg_type") or m.get("msg_type")
             if m.get("channel") == "stdin" and kind == "input_request":
                 self._answer_input(m)
+                watch()  # a cell making sub-calls back to back still meets its timeout
                 continue
             if kind == "status" and m.get("content", {}).get("execution_state") in (
                     "dead", "restarting"):
