@@ -251,3 +251,24 @@ def test_binary_frames_carry_a_message_whole():
            "metadata": {}, "content": {"value": "\x00rlm" + "z" * 1000}, "channel": "stdin"}
     assert decode_v1(encode_v1(msg)) == dict(msg, buffers=[])
     assert decode_v1(b"not a frame") is None and decode_v1(b"") is None
+
+
+def test_interrupts_while_the_main_thread_carries_calls_lose_none(bound):
+    # the thread that asks carries the request itself, the cell's main thread too: interrupts
+    # landing at any point of its calls (sending, waiting, reading) leave no frame lost, none
+    # made twice, and the channel usable by a cell's other threads and by the next cell
+    calls = Calls(delay=0.002)
+    k, _ = bound(calls)
+    res, _ = k.execute(
+        "import threading\ndone = []\n"
+        "def bg():\n    for i in range(300):\n        done.append(llm_query('b%d' % i))\n"
+        "t = threading.Thread(target=bg)\nt.start()", timeout=30)
+    assert res.error is None, res.output
+    for _ in range(3):
+        res, _ = k.execute("while True:\n    llm_query('main')", timeout=0.7)
+        assert res.timed_out and "KeyboardInterrupt" in (res.error or ""), res
+    res, _ = k.execute("t.join(60)\nprint(len(done), done[-1], llm_query('after'))",
+                       timeout=90)
+    assert res.output.split() == ["300", "echo:b299", "echo:after"], res.output
+    bg = [p for p in calls.seen if p.startswith("b")]
+    assert sorted(bg) == sorted(f"b{i}" for i in range(300))  # each made once
