@@ -3,6 +3,7 @@
 Usage::
 
     python -m evals.bench_gateway [--reps 3] [--children 16,64] [--context-mb 100]
+                                  [--only child,subcall,children,context] [--pool-size 0]
                                   [--gateway-url URL] [--json]
 
 Each figure is measured in a fresh process per repetition, the two providers interleaved (the
@@ -13,7 +14,8 @@ order alternating per repetition), against the scripted endpoint of
   model turn, its shutdown (the pool is off, so the start is in it);
 * ``subcall_ms``: one ``llm_query`` round trip from a cell, median of 60 after 10 warm-up
   calls (the bridge's own cost: the endpoint answers at once);
-* ``children_N_s``: ``rlm_batched`` over N children at concurrency 16 (``max_concurrency``);
+* ``children_N_s``: ``rlm_batched`` over N children at concurrency 16 (``max_concurrency``),
+  with ``--pool-size`` kernels started ahead (default 0: each child's start is in it);
 * ``context_s_per_mb``: binding a context of ``--context-mb`` MB in a started kernel (a
   gateway kernel pulls it in chunks and checks its sha256; a local kernel reads a link).
 
@@ -94,7 +96,8 @@ def _worker(args) -> dict:
                                                                         args.figure)
     base = f"http://127.0.0.1:{args.port}/ours/{scenario}/0/v1"
     res = rlm.completion("ctx", "BENCH-ROOT go", base_url=base, api_key="k", model="m",
-                         journal=False, max_depth=2, max_concurrency=16, pool_size=0,
+                         journal=False, max_depth=2, max_concurrency=16,
+                         pool_size=args.pool_size if args.figure.startswith("kids") else 0,
                          cell_timeout=600, **opts)
     if res.status != "completed":
         raise SystemExit(f"{args.figure} on {kernels}: {res.status}: {res.reason}")
@@ -132,11 +135,12 @@ def _context_cost(args, kernels: str) -> float:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _measure(figure: str, kernels: str, port: int, url: str, token: str, mb: int) -> dict:
+def _measure(figure: str, kernels: str, port: int, url: str, token: str, mb: int,
+             pool: int = 0) -> dict:
     env = {**os.environ, "PYTHONPATH": REPO, "JUPYTER_GATEWAY_AUTH_TOKEN": token}
     p = subprocess.run([sys.executable, "-m", "evals.bench_gateway", "--worker", figure,
                         "--kernels", kernels, "--port", str(port), "--gateway-url", url,
-                        "--context-mb", str(mb)], env=env, cwd=REPO, capture_output=True,
+                        "--context-mb", str(mb), "--pool-size", str(pool)], env=env, cwd=REPO, capture_output=True,
                        text=True, timeout=1800)
     if p.returncode != 0:
         raise SystemExit(f"{figure} on {kernels} failed:\n{p.stderr[-3000:]}")
@@ -149,6 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--children", default="16,64", help="fan-out sizes: 16, 64 or both")
     ap.add_argument("--context-mb", type=int, default=100)
+    ap.add_argument("--only", default="child,subcall,children,context",
+                    help="the figures to measure (comma-separated; default all)")
+    ap.add_argument("--pool-size", type=int, default=0,
+                    help="kernels started ahead for the fan-out figures (default 0)")
     ap.add_argument("--gateway-url")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -164,15 +172,19 @@ def main(argv: list[str] | None = None) -> None:
     url, token = a.gateway_url, os.environ.get("JUPYTER_GATEWAY_AUTH_TOKEN", "")
     if not url:
         gw, url, token, home = _start_gateway()
-    figures = ["child", "subcall"] + [f"kids{n}" for n in a.children.split(",") if n] + [
-        "context"]
+    only = set(a.only.split(","))
+    figures = ([f for f in ("child", "subcall") if f in only]
+               + [f"kids{n}" for n in a.children.split(",") if n and "children" in only]
+               + ["context"] * ("context" in only))
     got: dict = {"local": {}, "gateway": {}}
     try:
         for rep in range(a.reps):
             for fig in figures:
                 order = ("local", "gateway") if rep % 2 == 0 else ("gateway", "local")
                 for kernels in order:
-                    for k, v in _measure(fig, kernels, port, url, token, a.context_mb).items():
+                    got_one = _measure(fig, kernels, port, url, token, a.context_mb,
+                                       a.pool_size)
+                    for k, v in got_one.items():
                         got[kernels].setdefault(k, []).append(v)
     finally:
         server.kill()

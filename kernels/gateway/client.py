@@ -22,6 +22,9 @@ from datetime import datetime, timezone
 #: The variables the gateway's address and token are read from (jupyter_server's names).
 URL_VAR = "JUPYTER_GATEWAY_URL"
 TOKEN_VAR = "JUPYTER_GATEWAY_AUTH_TOKEN"
+#: jupyter_server's binary WebSocket subprotocol (offsets, the channel, the message's parts).
+WS_V1 = "v1.kernel.websocket.jupyter.org"
+_PARTS = ("header", "parent_header", "metadata", "content")
 
 
 class GatewayError(RuntimeError):
@@ -56,6 +59,7 @@ class GatewayClient:
         self.url = url.rstrip("/")
         self._token = token
         self.timeout = timeout
+        self._json_only = False  # the gateway refused the binary subprotocol once
 
     def _headers(self) -> dict:
         h = {"Content-Type": "application/json"}
@@ -144,18 +148,35 @@ class GatewayClient:
         url = (f"{scheme}://{base.netloc}{base.path}/api/kernels/{kernel_id}/channels"
                f"?session_id={session_id}")
         headers = [f"Authorization: token {self._token}"] if self._token else []
-        try:
-            # the messages are JSON, parsed anyway: websocket-client's own UTF-8 check of each
-            # frame (pure Python) is skipped
-            ws = websocket.create_connection(url, header=headers, timeout=self.timeout,
-                                             enable_multithread=True, skip_utf8_validation=True)
-        except (websocket.WebSocketException, OSError, socket.timeout) as exc:
-            status = getattr(exc, "status_code", 0) or 0
-            if status in (401, 403):
-                raise self._status_error(status, "channels", b"") from None
-            raise GatewayError(f"could not open the kernel's channels on the Jupyter gateway "
-                               f"at {self.url}: {type(exc).__name__}", status) from None
-        return ws
+        while True:
+            # the binary subprotocol when the gateway speaks it: the gateway then passes each
+            # message's parts between the WebSocket and the kernel's socket as they are (only
+            # signing what goes in) instead of parsing, re-dating and re-encoding every message;
+            # a gateway that does not (it answers without the protocol, which websocket-client
+            # refuses) gets JSON text from then on
+            protocols = None if self._json_only else [WS_V1]
+            try:
+                # websocket-client's own UTF-8 check of each frame (pure Python) is skipped:
+                # the messages are JSON, parsed anyway
+                return websocket.create_connection(
+                    url, header=headers, timeout=self.timeout, enable_multithread=True,
+                    skip_utf8_validation=True, subprotocols=protocols)
+            except websocket.WebSocketBadStatusException as exc:
+                status = getattr(exc, "status_code", 0) or 0
+                if status in (401, 403):
+                    raise self._status_error(status, "channels", b"") from None
+                raise self._channels_error(exc, status) from None
+            except (websocket.WebSocketTimeoutException, OSError) as exc:
+                raise self._channels_error(exc) from None
+            except websocket.WebSocketException as exc:
+                # the handshake's own refusal is this plain class; a closed connection is not
+                if protocols is None or type(exc) is not websocket.WebSocketException:
+                    raise self._channels_error(exc) from None
+                self._json_only = True
+
+    def _channels_error(self, exc: BaseException, status: int = 0) -> GatewayError:
+        return GatewayError(f"could not open the kernel's channels on the Jupyter gateway at "
+                            f"{self.url}: {type(exc).__name__}", status)
 
 
 def message(msg_type: str, content: dict, session: str, channel: str,
@@ -166,3 +187,33 @@ def message(msg_type: str, content: dict, session: str, channel: str,
                        "date": datetime.now(timezone.utc).isoformat()},
             "parent_header": parent or {}, "metadata": {}, "content": content,
             "channel": channel, "buffers": []}
+
+
+def encode_v1(msg: dict) -> bytes:
+    """``msg`` (as :func:`message` makes it) in :data:`WS_V1` framing: the count of offsets
+    and the offsets (8-byte little-endian each), the channel, then the JSON of the header,
+    parent header, metadata and content."""
+    parts = [msg["channel"].encode()] + [json.dumps(msg[k]).encode() for k in _PARTS]
+    offsets = [8 * (len(parts) + 2)]
+    for part in parts:
+        offsets.append(offsets[-1] + len(part))
+    head = b"".join(n.to_bytes(8, "little") for n in [len(offsets)] + offsets)
+    return head + b"".join(parts)
+
+
+def decode_v1(data: bytes) -> dict | None:
+    """A :data:`WS_V1` frame as a message dict (with ``channel`` and ``buffers``), or None when
+    it is not one."""
+    try:
+        count = int.from_bytes(data[:8], "little")
+        if not 3 <= count <= 1024 or len(data) < 8 * (count + 1):
+            return None
+        offs = [int.from_bytes(data[8 * i:8 * i + 8], "little") for i in range(1, count + 1)]
+        chunks = [data[a:b] for a, b in zip(offs, offs[1:])]  # the last offset: the end
+        msg = {"channel": chunks[0].decode()}
+        for k, part in zip(_PARTS, chunks[1:5]):
+            msg[k] = json.loads(part) if part else {}
+        msg["buffers"] = chunks[5:]
+        return msg
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None

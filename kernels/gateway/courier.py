@@ -7,11 +7,12 @@ frames ride these two messages: the request's ``prompt`` is :data:`MARK` followe
 ``{"frames": [{"id": int, "frame": request}, ...]}`` and the reply's ``value`` is the JSON
 ``{"replies": [{"id": int, "frame": reply}, ...]}``.
 
-ipykernel's stdin socket is not thread-safe, so one :class:`Courier` thread owns it: a cell's
-threads queue their requests, the courier sends every pending one in a single ``input_request``
-and hands each reply to the thread that asked. The host answers with whatever replies are ready
-(holding the answer up to :data:`HOLD_SECONDS` when none is), so calls made at once in a cell
-(threads, batches) travel together and never wait behind one outstanding request.
+ipykernel's stdin socket is not thread-safe, so one thread at a time holds it (:class:`Courier`):
+the thread that asks while the channel is free sends every pending frame in a single
+``input_request`` and hands each reply to the thread that asked; others queue meanwhile. The
+host answers with whatever replies are ready (holding the answer up to :data:`HOLD_SECONDS` when
+none is), so calls made at once in a cell (threads, batches) travel together and never wait
+behind one outstanding request.
 
 Drops. Each request also lists the ids still waiting (``"waiting"``). The host dispatches a
 frame id once, ever, and keeps each reply until a later request no longer lists its id, sending
@@ -23,13 +24,15 @@ none is made twice; a reply that arrives twice is taken once.
 :class:`CourierSocket` gives :mod:`kernels.runtime` what it expects of a bridge connection
 (``connect``, ``sendall``, ``recv``, ``close``), so the runtime's own ``llm_query``, ``rlm``,
 tools, ``FINAL`` and their errors work unchanged; :func:`kernels.gateway.remote.bind` installs
-it. Standard library only.
+it. Standard library only, and in the kernel ipykernel's own session and stdin socket.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
 import struct
 import threading
 
@@ -50,11 +53,18 @@ class CourierError(ConnectionError):
 
 
 class Courier:
-    """The one thread that owns the kernel's stdin channel for bridge frames.
+    """The kernel's stdin channel for bridge frames, held by one thread at a time.
+
+    A thread that asks while no request is out carries it itself (every frame pending, its
+    own and others'), hands each reply to the thread that asked, and gives the channel up when
+    its own reply is in: a lone call costs no hand-off between threads. A thread that asks
+    while a request is out queues its frame and waits; when the channel is given up, a waiting
+    thread with a frame still unanswered takes it. The main thread's request is sent with
+    SIGINT deferred (:func:`_deferring_sigint`), so an interrupt never cuts a message in half.
 
     Args:
-        raw_input: the kernel's own ``raw_input`` (bound before any cell can replace it):
-            ``raw_input(prompt) -> str``, blocking until the client's reply.
+        raw_input: ``raw_input(prompt) -> str``: one ``input_request`` and its reply's value,
+            blocking (:func:`_asker`).
     """
 
     def __init__(self, raw_input) -> None:
@@ -64,8 +74,8 @@ class Courier:
         self._waiting: dict[int, object] = {}
         self._sent: dict[int, str] = {}  # sent, not answered: sent again after a nudge
         self._resend = False
+        self._sending = False  # a thread holds the channel
         self._ids = itertools.count(1)
-        self._thread: threading.Thread | None = None
         self.pid = os.getpid()
         #: input_request round trips made (int), for tests and measurements
         self.trips = 0
@@ -87,22 +97,34 @@ class Courier:
             n = next(self._ids)
             self._out.append((n, frame))
             self._waiting[n] = None
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="rlm-courier")
-                self._thread.start()
-            self._cv.notify_all()
-            try:
-                while self._waiting.get(n) is None:
-                    self._cv.wait()
-                got = self._waiting.pop(n)
-            except BaseException:  # interrupted: a late reply is dropped
+        try:
+            got = self._until_answered(n)
+        except BaseException:  # interrupted: a late reply is dropped
+            with self._cv:
                 self._waiting.pop(n, None)
                 self._sent.pop(n, None)
-                raise
+            raise
         if isinstance(got, BaseException):
             raise got
         return got
+
+    def _until_answered(self, n: int):
+        """Frame ``n``'s reply (or the error it met), carrying requests while the channel is
+        free and ``n`` is unanswered."""
+        while True:
+            with self._cv:
+                while self._waiting[n] is None and self._sending:
+                    self._cv.wait()
+                if self._waiting[n] is not None:
+                    return self._waiting.pop(n)
+                self._sending = True
+                batch, waiting = self._next_request()
+            try:
+                self._trip(batch, waiting)
+            finally:
+                with self._cv:
+                    self._sending = False
+                    self._cv.notify_all()
 
     def _take_batch(self) -> list:
         """The pending frames for one request, ``[(id, JSON text)]``: up to
@@ -115,49 +137,49 @@ class Courier:
             size += len(text)
         return batch
 
-    def _unanswered(self) -> list[int]:
-        """The ids still waiting for their reply (sorted; the caller holds the lock)."""
-        return sorted(k for k, v in self._waiting.items() if v is None)
+    def _next_request(self) -> tuple[list, list[int]]:
+        """The next request's frames and the ids still waiting (the lock is held)."""
+        batch = self._take_batch()
+        waiting = sorted(k for k, v in self._waiting.items() if v is None)
+        if self._resend:  # the last request may have been lost in a drop
+            batch = [(k, t) for k, t in self._sent.items() if k in waiting]
+            self._resend = False
+        return batch, waiting
 
-    def _run(self) -> None:
-        while True:
+    def _trip(self, batch: list, waiting: list[int]) -> None:
+        """One ``input_request`` and its reply, handed out (the lock is not held)."""
+        items = ", ".join(f'{{"id": {k}, "frame": {t}}}' for k, t in batch)
+        try:
+            value = self._raw(f'{MARK}{{"frames": [{items}], "waiting": {waiting}}}')
+            got = json.loads(value)
+            replies = got["replies"]
+            self.trips += 1
+        except (KeyboardInterrupt, SystemExit):
+            # this thread's call ends; the batch may not have gone out, so the next request
+            # sends every unanswered frame again (the host skips those it has), and replies
+            # lost here come again while their ids are listed as waiting
             with self._cv:
-                # wait for a new frame or an unanswered one (an answered entry is the asking
-                # thread's to take: polling for it would cost a round trip per call)
-                while not self._out and not self._unanswered():
-                    self._cv.wait()
-                batch = self._take_batch()
-                waiting = self._unanswered()
-                if self._resend:  # the last request may have been lost in a drop
-                    batch = [(k, t) for k, t in self._sent.items() if k in waiting]
-                    self._resend = False
-            items = ", ".join(f'{{"id": {k}, "frame": {t}}}' for k, t in batch)
-            try:
-                value = self._raw(f'{MARK}{{"frames": [{items}], "waiting": {waiting}}}')
-                got = json.loads(value)
-                replies = got["replies"]
-                self.trips += 1
-            except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
-                err = CourierError(f"the host did not answer on the stdin channel: "
-                                   f"{type(exc).__name__}: {exc}")
-                with self._cv:
-                    for k in list(self._waiting):
-                        if self._waiting[k] is None:
-                            self._waiting[k] = err
-                    self._sent.clear()
-                    self._cv.notify_all()
-                continue
+                self._resend = True
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+            err = CourierError(f"the host did not answer on the stdin channel: "
+                               f"{type(exc).__name__}: {exc}")
             with self._cv:
-                self._resend = bool(got.get("nudge"))
-                if got.get("refused"):  # the request was too big to read: its frames fail
-                    refused = reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
-                                                       str(got["refused"])))
-                    replies = [{"id": k, "frame": refused} for k, _ in batch]
-                for r in replies:
-                    if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:
-                        self._waiting[r["id"]] = r.get("frame") or {}
-                        self._sent.pop(r["id"], None)
-                self._cv.notify_all()
+                for k in list(self._waiting):
+                    if self._waiting[k] is None:
+                        self._waiting[k] = err
+                self._sent.clear()
+            return
+        with self._cv:
+            self._resend = bool(got.get("nudge"))
+            if got.get("refused"):  # the request was too big to read: its frames fail
+                refused = reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
+                                                   str(got["refused"])))
+                replies = [{"id": k, "frame": refused} for k, _ in batch]
+            for r in replies:
+                if isinstance(r, dict) and self._waiting.get(r.get("id"), 0) is None:
+                    self._waiting[r["id"]] = r.get("frame") or {}
+                    self._sent.pop(r["id"], None)
 
 
 _COURIER: list[Courier] = []
@@ -206,11 +228,63 @@ def _refuse_input(prompt: str = "") -> str:
     raise OSError("input() is not available in an RLM kernel: the model's code runs unattended")
 
 
+@contextlib.contextmanager
+def _deferring_sigint():
+    """On the main thread, hold a SIGINT (a cell's interrupt) until the block ends, then act
+    on it as the handler in force would: a message's parts go out one by one, and one cut off
+    in the middle would run into the next. Elsewhere (no interrupt lands there) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list = []
+    old = signal.signal(signal.SIGINT, lambda *a: got.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got and callable(old):
+            old(*got[0])
+        elif got:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _asker(kernel):
+    """``kernel.raw_input`` without its first step: ipykernel flushes the cell's stdout and
+    stderr before every ``input_request``, from another thread a round trip to the kernel's
+    output thread each (about 0.25 ms a sub-call, which no bridge frame needs). The request,
+    its signing and the wait for the reply are the kernel's own session and stdin socket's, as
+    ``raw_input`` uses them. Falls back to ``raw_input`` itself when the kernel lacks them."""
+    try:
+        import zmq
+        session, sock = kernel.session, kernel.stdin_socket
+        kernel._parent_ident["shell"], kernel.get_parent("shell")  # noqa: B018 - probed
+    except Exception:  # noqa: BLE001 - another ipykernel: its own raw_input then
+        return kernel.raw_input
+
+    def ask(prompt: str) -> str:
+        if not getattr(kernel, "_allow_stdin", True):
+            raise CourierError("the kernel's client did not allow stdin for this cell")
+        while True:  # stale replies (a nudge that found no request waiting) are dropped
+            try:
+                sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        with _deferring_sigint():
+            session.send(sock, "input_request", {"prompt": prompt, "password": False},
+                         kernel.get_parent("shell"), ident=kernel._parent_ident["shell"])
+        while True:
+            if sock.poll(1000):
+                _, reply = session.recv(sock)
+                if reply is not None:
+                    return reply["content"]["value"]
+    return ask
+
+
 def install(kernel) -> Courier:
     """Make this kernel's courier from its ``raw_input`` and shut ``input()`` off for cells
     (the courier owns the stdin channel). Idempotent; returns the courier."""
     if not _COURIER:
-        _COURIER.append(Courier(kernel.raw_input))
+        _COURIER.append(Courier(_asker(kernel)))
         kernel.raw_input = _refuse_input
         kernel.getpass = _refuse_input
     return _COURIER[0]

@@ -25,7 +25,8 @@ import uuid
 
 from harness.text import clean_text
 from kernels.gateway import DEFAULT_KERNELSPEC
-from kernels.gateway.client import GatewayClient, GatewayError, message
+from kernels.gateway.client import (WS_V1, GatewayClient, GatewayError, decode_v1, encode_v1,
+                                     message)
 from kernels.gateway.courier import BATCH_BYTES, HOLD_SECONDS, MARK
 from kernels.gateway.fetch import ref
 from kernels.gateway.serve import GATEWAY_PID, FrameServer, answer_value
@@ -223,13 +224,12 @@ class GatewayKernel:
     def _send(self, msg: dict) -> None:
         """Send one message, reopening the channels once if they dropped. Raises KernelDied."""
         import websocket
-        text = json.dumps(msg)
         for attempt in (0, 1):
             try:
                 ws = self._ws
                 if ws is None:
                     raise _Dropped()
-                ws.send(text)
+                _put(ws, msg)
                 return
             except (_Dropped, OSError, websocket.WebSocketException):
                 if attempt:
@@ -253,6 +253,8 @@ class GatewayKernel:
         except (websocket.WebSocketException, OSError, AttributeError):
             self._reconnect()
             return None
+        if isinstance(raw, bytes):
+            return decode_v1(raw)
         try:
             return json.loads(raw) if isinstance(raw, str) and raw else None
         except ValueError:
@@ -298,7 +300,7 @@ class GatewayKernel:
         msg = message("input_reply", {"status": "ok", "value": value}, self.session, "stdin",
                       parent=self._last_input)
         try:
-            self._ws.send(json.dumps(msg))
+            _put(self._ws, msg)
         except Exception:  # noqa: BLE001 - dropped again: the next reconnection nudges
             pass
 
@@ -337,6 +339,7 @@ class GatewayKernel:
             kind = m.get("header", {}).get("msg_type") or m.get("msg_type")
             if m.get("channel") == "stdin" and kind == "input_request":
                 self._answer_input(m)
+                watch()  # a cell making sub-calls back to back still meets its timeout
                 continue
             if kind == "status" and m.get("content", {}).get("execution_state") in (
                     "dead", "restarting"):
@@ -403,6 +406,15 @@ class GatewayKernel:
         except KernelDied:
             self.frames.put_back(replies)
             raise
+
+
+def _put(ws, msg: dict) -> None:
+    """Send ``msg`` on ``ws`` in the framing its gateway agreed to (binary :data:`WS_V1`, or
+    the JSON text of the older protocol). Raises what the WebSocket raises."""
+    if ws.getsubprotocol() == WS_V1:
+        ws.send_binary(encode_v1(msg))
+    else:
+        ws.send(json.dumps(msg))
 
 
 class _Watch:

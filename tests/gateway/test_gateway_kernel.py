@@ -14,7 +14,8 @@ import pytest
 
 from gw_helpers import gateway  # noqa: F401 (a fixture)
 from kernels.bridge import BridgeServer
-from kernels.gateway.client import GatewayClient, GatewayError
+from kernels.gateway import client as client_mod
+from kernels.gateway.client import WS_V1, GatewayClient, GatewayError, decode_v1, encode_v1
 from kernels.gateway.kernel import GatewayKernel
 from kernels.kernel import KernelDied
 from kernels.provider import KernelLike
@@ -74,9 +75,14 @@ def test_calls_from_threads_travel_together_and_each_runs_once(bound):
     assert sorted(calls.seen) == sorted(str(i) for i in range(16))
 
 
-def test_one_stdin_round_trip_per_call(bound):
+@pytest.mark.parametrize("protocol", ["v1", "json"])
+def test_one_stdin_round_trip_per_call(bound, monkeypatch, protocol):
+    # on the binary subprotocol, and on the JSON text one a gateway without it falls back to
+    if protocol == "json":
+        monkeypatch.setattr(client_mod, "WS_V1", "no-such-subprotocol")
     calls = Calls()
     k, _ = bound(calls)
+    assert k._ws.getsubprotocol() == (WS_V1 if protocol == "v1" else None)
     res, _ = k.execute(
         "from kernels.gateway.courier import courier\nn0 = courier().trips\n"
         "for i in range(20):\n    llm_query(str(i))\nprint(courier().trips - n0)", timeout=60)
@@ -238,3 +244,31 @@ def test_a_cell_past_its_timeout_is_interrupted_and_the_kernel_goes_on(bound):
     assert time.monotonic() - t0 < 10
     res, _ = k.execute("print(x + 1, llm_query('still'))", timeout=30)
     assert res.output.split() == ["2", "echo:still"], res.output
+
+
+def test_binary_frames_carry_a_message_whole():
+    msg = {"header": {"msg_id": "a", "msg_type": "input_reply"}, "parent_header": {"x": "é"},
+           "metadata": {}, "content": {"value": "\x00rlm" + "z" * 1000}, "channel": "stdin"}
+    assert decode_v1(encode_v1(msg)) == dict(msg, buffers=[])
+    assert decode_v1(b"not a frame") is None and decode_v1(b"") is None
+
+
+def test_interrupts_while_the_main_thread_carries_calls_lose_none(bound):
+    # the thread that asks carries the request itself, the cell's main thread too: interrupts
+    # landing at any point of its calls (sending, waiting, reading) leave no frame lost, none
+    # made twice, and the channel usable by a cell's other threads and by the next cell
+    calls = Calls(delay=0.002)
+    k, _ = bound(calls)
+    res, _ = k.execute(
+        "import threading\ndone = []\n"
+        "def bg():\n    for i in range(300):\n        done.append(llm_query('b%d' % i))\n"
+        "t = threading.Thread(target=bg)\nt.start()", timeout=30)
+    assert res.error is None, res.output
+    for _ in range(3):
+        res, _ = k.execute("while True:\n    llm_query('main')", timeout=0.7)
+        assert res.timed_out and "KeyboardInterrupt" in (res.error or ""), res
+    res, _ = k.execute("t.join(60)\nprint(len(done), done[-1], llm_query('after'))",
+                       timeout=90)
+    assert res.output.split() == ["300", "echo:b299", "echo:after"], res.output
+    bg = [p for p in calls.seen if p.startswith("b")]
+    assert sorted(bg) == sorted(f"b{i}" for i in range(300))  # each made once

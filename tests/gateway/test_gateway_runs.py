@@ -9,7 +9,7 @@ import json
 import pytest
 
 import rlm
-from gw_helpers import gateway, on_gateway  # noqa: F401 (fixtures)
+from gw_helpers import USER, gateway, on_gateway  # noqa: F401 (fixtures)
 from rlm.api import replay
 from scripted_server import ScriptedServer
 
@@ -75,27 +75,30 @@ def test_root_local_children_on_the_gateway(on_gateway):
     assert res.sandbox == "mixed"  # the root's local sandbox, the child's gateway
 
 
-def fan_out(n: int):
-    """The root (context ``ROOT``) asks ``n`` children at once; each answers from its context."""
+def test_fan_out_of_sixty_four_children_on_the_gateway(on_gateway):
+    # the issue's fan-out: 64 children, 16 at once, each on a kernel of its own on the gateway
+    # (its uid is the gateway's user, which no local kernel has), under a cap of exactly the
+    # calls the run needs: every answer right, 0 calls over
+    import pwd
+    uid = pwd.getpwnam(USER).pw_uid
+
     def reply(req):
         if not is_root(req):
             return "leaf"
         if "ROOT" in json.dumps(req["messages"][1:2]):
             if _turn(req) == 0:
-                return repl(f"outs = rlm_batched([str(i) for i in range({n})], 'id?')",
+                return repl("outs = rlm_batched([str(i) for i in range(64)], 'id?')",
                             "print(len(outs))")
             return repl("FINAL(','.join(outs))")
-        return repl("FINAL('c' + context)")
-    return reply
-
-
-def test_fan_out_of_sixteen_children_on_the_gateway(on_gateway):
-    with ScriptedServer(fan_out(16)) as srv:
-        res = _run(srv, "ROOT", "ROOT", max_depth=2, max_concurrency=8, pool_size=0,
-                   **on_gateway)
+        return repl("import os", "FINAL('c' + context + '@' + str(os.getuid()))")
+    with ScriptedServer(reply) as srv:
+        res = _run(srv, "ROOT", "ROOT", max_depth=2, max_concurrency=16, pool_size=0,
+                   max_calls=2 + 64, **on_gateway)
+        sent = srv.count
     assert res.status == "completed", res.reason
-    assert res.answer == ",".join(f"c{i}" for i in range(16))
-    assert res.stages.get("child", 0) == 16
+    assert res.answer == ",".join(f"c{i}@{uid}" for i in range(64))
+    assert res.stages.get("child", 0) == 64 and sent == 2 + 64
+    assert res.sandbox == "gateway"
 
 
 def test_caps_hold_under_a_fan_out_on_the_gateway(on_gateway):
