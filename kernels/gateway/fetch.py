@@ -22,7 +22,9 @@ import base64
 import hashlib
 import os
 import tempfile
+import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 #: Bytes per chunk (4 MiB; about 5.6 MB of base64 on the wire).
 CHUNK = 4 << 20
@@ -123,3 +125,39 @@ def _pull(sha: str, size: int, token: str, part: str) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def resolve_context(value: str, fmt: str, token: str) -> str:
+    """A local path for the context ``value`` of format ``fmt``: :func:`resolve` for one file;
+    for a remote ``"bundle"``, a manifest in the kernel's private temporary directory naming
+    the local copy of every piece its remote manifest lists (see the module's text).
+
+    Raises:
+        ValueError: a pulled piece or the manifest does not have its sha256, or a remote
+            manifest names a path instead of a reference (nothing of it is read).
+        kernels.gateway.courier.CourierError: the host could not be reached.
+    """
+    path = resolve(value, token)
+    if fmt != "bundle" or parse_ref(value) is None:
+        return path
+    with open(path, "rb") as f:
+        doc = json.loads(f.read())
+    refs = []
+    for entry in doc["entries"]:
+        if not isinstance(entry[1], str) or parse_ref(entry[1]) is None:
+            raise ValueError("a gateway kernel's context manifest must name its pieces by "
+                             f"reference, not {entry[1]!r}: refused")
+        refs.append(entry[1])
+    # pieces pulled side by side: a directory of many small files is not one round trip each
+    unique = list(dict.fromkeys(refs))
+    with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
+        local = dict(zip(unique, pool.map(lambda r: resolve(r, token), unique)))
+    for entry in doc["entries"]:
+        entry[1] = local[entry[1]]
+    here = os.path.join(tempfile.gettempdir(), "rlm-ctx")
+    os.makedirs(here, exist_ok=True)
+    dest = os.path.join(here, parse_ref(value)[0] + ".local.json")
+    with open(dest + ".part", "w", encoding="ascii") as f:
+        json.dump(doc, f)
+    os.replace(dest + ".part", dest)
+    return dest
