@@ -33,6 +33,10 @@ IN_FLIGHT = 4
 #: The op a kernel sends to pull one chunk: args ``sha256``, ``offset``, ``length``; value
 #: ``{"data": base64 str}``. Served by the host itself, never by the run's handler.
 CONTEXT_OP = "context_chunk"
+#: Small pieces of a many-file context pulled at once (at most :data:`SMALL_PIECE` bytes each).
+PIECES_IN_FLIGHT = 16
+#: The largest piece pulled beside others (1 MiB); a larger one is pulled alone.
+SMALL_PIECE = 1 << 20
 PREFIX = "rlm-remote:"
 
 
@@ -118,7 +122,8 @@ def _pull(sha: str, size: int, token: str, part: str) -> None:
                     with lock:
                         errors.append(exc)
                     return
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(IN_FLIGHT)]
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(IN_FLIGHT, len(offsets)) or 1)]
     for t in threads:
         t.start()
     for t in threads:
@@ -148,10 +153,16 @@ def resolve_context(value: str, fmt: str, token: str) -> str:
             raise ValueError("a gateway kernel's context manifest must name its pieces by "
                              f"reference, not {entry[1]!r}: refused")
         refs.append(entry[1])
-    # pieces pulled side by side: a directory of many small files is not one round trip each
+    # small pieces pulled side by side (their requests travel together, see the courier): a
+    # directory of many small files is not one round trip each; a large one alone, already
+    # IN_FLIGHT chunks at a time (what is in flight stays bounded)
     unique = list(dict.fromkeys(refs))
-    with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
-        local = dict(zip(unique, pool.map(lambda r: resolve(r, token), unique)))
+    small = [r for r in unique if parse_ref(r)[1] <= SMALL_PIECE]
+    with ThreadPoolExecutor(max_workers=PIECES_IN_FLIGHT) as pool:
+        local = dict(zip(small, pool.map(lambda r: resolve(r, token), small)))
+    for r in unique:
+        if r not in local:
+            local[r] = resolve(r, token)
     for entry in doc["entries"]:
         entry[1] = local[entry[1]]
     here = os.path.join(tempfile.gettempdir(), "rlm-ctx")
