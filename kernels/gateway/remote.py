@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kernels import runtime as rt
 from kernels.gateway.courier import CourierSocket, install
+from kernels.gateway import relay
 from kernels.gateway.fetch import resolve_context
 
 
@@ -22,4 +23,6 @@ def bind(token: str, context_ref: str | None, fmt: str = "text", size: int | Non
     install(_IPK.instance())
     rt._Socket = CourierSocket  # sealed by bind(): restored after every cell
     path = resolve_context(context_ref, fmt, token) if context_ref else None
-    return rt.bind("stdin:", token, path, fmt, size, checked=checked, tools=tools)
+    # the bridge address a process the cell starts uses: the kernel's relay (the kernel's own
+    # process ignores it and uses the courier)
+    return rt.bind(relay.start(), token, path, fmt, size, checked=checked, tools=tools)
