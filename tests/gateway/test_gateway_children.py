@@ -1,6 +1,7 @@
 """Sub-calls from the processes a cell starts in a gateway kernel (fork-, spawn- and
-forkserver-started pools, ``os.fork``): each reaches the host through the kernel's relay and its
-answer comes back to the call that asked; the relay admits only the kernel's descendants."""
+forkserver-started pools, ``os.fork``, a Python subprocess): each reaches the host through the
+kernel's relay and its answer comes back to the call that asked; the relay admits only the
+kernel's descendants."""
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ def test_a_pool_of_processes_makes_sub_calls(bound, method):
     assert sorted(calls.seen) == sorted(PROMPTS + ["warm"])  # each made once
 
 
-def test_a_forked_child_and_the_relay_refuses_the_kernel_itself(bound):
+def test_a_forked_child_a_subprocess_and_the_relay_refuses_the_kernel_itself(bound):
     calls = Calls()
     k, _ = bound(calls)
     res, _ = k.execute(
@@ -38,6 +39,11 @@ def test_a_forked_child_and_the_relay_refuses_the_kernel_itself(bound):
         "if pid == 0:\n"
         "    os.write(w, llm_query('from the child').encode()); os._exit(0)\n"
         "os.waitpid(pid, 0); print(os.read(r, 100).decode())\n"
+        # a Python subprocess finds the relay through the environment the bind cell set
+        "import subprocess, sys\n"
+        "print(subprocess.run([sys.executable, '-c', 'from kernels.runtime import llm_query; "
+        "print(llm_query(\"from a subprocess\"))'], capture_output=True, text=True)"
+        ".stdout.strip())\n"
         # the kernel's own process is not one it started: the relay refuses it
         "import socket, struct, json\n"
         "from kernels.gateway import relay\n"
@@ -49,5 +55,6 @@ def test_a_forked_child_and_the_relay_refuses_the_kernel_itself(bound):
     assert res.error is None, res.output
     lines = res.output.strip().splitlines()
     assert lines[0] == "echo:from the child", res.output
-    assert "only a process this kernel started" in lines[1], res.output
-    assert calls.seen == ["from the child"]
+    assert lines[1] == "echo:from a subprocess", res.output
+    assert "only a process this kernel started" in lines[2], res.output
+    assert calls.seen == ["from the child", "from a subprocess"]
