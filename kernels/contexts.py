@@ -29,8 +29,8 @@ def add(path: str, fmt: str, index: int, size: int | None = None) -> str:
     if index < 1:
         raise ValueError(f"context index {index}: the first context is bound by bind()")
     if path.startswith("rlm-remote:"):  # a gateway kernel's: pulled from the host by hash
-        from kernels.gateway.fetch import resolve
-        path = resolve(path, _rt._CONF["token"])
+        from kernels.gateway.fetch import resolve_context
+        path = resolve_context(path, fmt, _rt._CONF["token"])
     value = load_context(path, fmt, size)
     have = list(_rt.RESERVED.get("contexts") or [])
     have = (have + [None] * index)[:index] + [value] + have[index + 1:]

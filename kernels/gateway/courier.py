@@ -91,8 +91,8 @@ class Courier:
     def call_text(self, frame: str) -> dict:
         """:meth:`call` for a frame already in JSON text (as the runtime encoded it)."""
         if os.getpid() != self.pid:
-            raise CourierError("a process a cell started cannot reach the host from a gateway "
-                               "kernel: call llm_query/rlm from the kernel's own process")
+            raise CourierError("a process a cell started reaches the host through the kernel's "
+                               "relay, not its stdin channel (kernels.gateway.relay)")
         with self._cv:
             n = next(self._ids)
             self._out.append((n, frame))
@@ -196,19 +196,32 @@ class CourierSocket:
     """A bridge "connection" for :mod:`kernels.runtime` that goes through the courier.
 
     Made as ``CourierSocket(family, type)`` (the runtime's socket constructor call);
-    ``connect`` does nothing, ``sendall`` takes one whole frame (a 4-byte length and JSON, as
-    :func:`kernels.protocol.encode_frame` writes it) and sends it, ``recv`` returns the reply's
-    frame bytes.
+    ``connect`` does nothing in the kernel's own process, ``sendall`` takes one whole frame (a
+    4-byte length and JSON, as :func:`kernels.protocol.encode_frame` writes it) and sends it,
+    ``recv`` returns the reply's frame bytes. In a process the cell forked, ``connect`` opens a
+    real Unix socket to ``address``, the kernel's relay (:mod:`kernels.gateway.relay`), and the
+    frames go through that.
     """
 
     def __init__(self, *_args) -> None:
         self._buf = b""
+        self._real = None
 
-    def connect(self, _address) -> None:
-        """Nothing to connect: the courier owns the channel."""
+    def connect(self, address) -> None:
+        """Nothing to connect in the kernel's process (the courier owns the channel); in a
+        process it started, connect to the relay at ``address``. Raises OSError."""
+        if _COURIER and os.getpid() != _COURIER[0].pid and address != "stdin:":
+            import socket
+            real = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            real.connect(address)
+            self._real = real
 
     def sendall(self, data: bytes) -> None:
-        """Send the frame in ``data`` and keep its reply for :meth:`recv`. Raises CourierError."""
+        """Send the frame in ``data`` and keep its reply for :meth:`recv`. Raises CourierError
+        (OSError through the relay)."""
+        if self._real is not None:
+            self._real.sendall(data)
+            return
         (n,) = _HEADER.unpack(data[:_HEADER.size])
         reply = courier().call_text(data[_HEADER.size:_HEADER.size + n].decode())
         body = json.dumps(reply).encode()
@@ -216,12 +229,16 @@ class CourierSocket:
 
     def recv(self, n: int) -> bytes:
         """Up to ``n`` bytes of the replies received (b"" when none is left)."""
+        if self._real is not None:
+            return self._real.recv(n)
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
     def close(self) -> None:
         """Drop what is left unread."""
         self._buf = b""
+        if self._real is not None:
+            self._real.close()
 
 
 def _refuse_input(prompt: str = "") -> str:

@@ -22,7 +22,9 @@ import base64
 import hashlib
 import os
 import tempfile
+import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 #: Bytes per chunk (4 MiB; about 5.6 MB of base64 on the wire).
 CHUNK = 4 << 20
@@ -31,6 +33,10 @@ IN_FLIGHT = 4
 #: The op a kernel sends to pull one chunk: args ``sha256``, ``offset``, ``length``; value
 #: ``{"data": base64 str}``. Served by the host itself, never by the run's handler.
 CONTEXT_OP = "context_chunk"
+#: Small pieces of a many-file context pulled at once (at most :data:`SMALL_PIECE` bytes each).
+PIECES_IN_FLIGHT = 16
+#: The largest piece pulled beside others (1 MiB); a larger one is pulled alone.
+SMALL_PIECE = 1 << 20
 PREFIX = "rlm-remote:"
 
 
@@ -116,10 +122,53 @@ def _pull(sha: str, size: int, token: str, part: str) -> None:
                     with lock:
                         errors.append(exc)
                     return
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(IN_FLIGHT)]
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(IN_FLIGHT, len(offsets)) or 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+
+
+def resolve_context(value: str, fmt: str, token: str) -> str:
+    """A local path for the context ``value`` of format ``fmt``: :func:`resolve` for one file;
+    for a remote ``"bundle"``, a manifest in the kernel's private temporary directory naming
+    the local copy of every piece its remote manifest lists (see the module's text).
+
+    Raises:
+        ValueError: a pulled piece or the manifest does not have its sha256, or a remote
+            manifest names a path instead of a reference (nothing of it is read).
+        kernels.gateway.courier.CourierError: the host could not be reached.
+    """
+    path = resolve(value, token)
+    if fmt != "bundle" or parse_ref(value) is None:
+        return path
+    with open(path, "rb") as f:
+        doc = json.loads(f.read())
+    refs = []
+    for entry in doc["entries"]:
+        if not isinstance(entry[1], str) or parse_ref(entry[1]) is None:
+            raise ValueError("a gateway kernel's context manifest must name its pieces by "
+                             f"reference, not {entry[1]!r}: refused")
+        refs.append(entry[1])
+    # small pieces pulled side by side (their requests travel together, see the courier): a
+    # directory of many small files is not one round trip each; a large one alone, already
+    # IN_FLIGHT chunks at a time (what is in flight stays bounded)
+    unique = list(dict.fromkeys(refs))
+    small = [r for r in unique if parse_ref(r)[1] <= SMALL_PIECE]
+    with ThreadPoolExecutor(max_workers=PIECES_IN_FLIGHT) as pool:
+        local = dict(zip(small, pool.map(lambda r: resolve(r, token), small)))
+    for r in unique:
+        if r not in local:
+            local[r] = resolve(r, token)
+    for entry in doc["entries"]:
+        entry[1] = local[entry[1]]
+    here = os.path.join(tempfile.gettempdir(), "rlm-ctx")
+    os.makedirs(here, exist_ok=True)
+    dest = os.path.join(here, parse_ref(value)[0] + ".local.json")
+    with open(dest + ".part", "w", encoding="ascii") as f:
+        json.dump(doc, f)
+    os.replace(dest + ".part", dest)
+    return dest

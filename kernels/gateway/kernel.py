@@ -186,24 +186,39 @@ class GatewayKernel:
         (:func:`kernels.gateway.fetch.ref`); the host keeps the file until the kernel ends
         (``move``: it is the host's temporary file, removed then).
 
+        For a ``"bundle"`` (a many-file context's manifest, :mod:`kernels.bundle`), each
+        entry's bytes are shared by their sha256 and the reference names a manifest of those
+        references (:meth:`_share_bundle`), which the kernel assembles in its private ``/tmp``
+        (:func:`kernels.gateway.fetch.resolve_context`).
+
         Raises:
-            OSError: ``path`` cannot be read, or ``fmt`` is ``"bundle"`` (a many-file context
-                is not sent to gateway kernels yet).
+            OSError: ``path`` (or a file a manifest names) cannot be read, or a file is
+                shorter than its entry says.
         """
         if fmt == "bundle":
-            raise OSError("a many-file context cannot be sent to a gateway kernel yet: pack it "
-                          "into one JSON or text file, or run with --kernels local")
-        h, size = hashlib.sha256(), 0
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-                size += len(block)
-        sha = h.hexdigest()
+            return self._share_bundle(path)
+        sha, size = _digest(path)
         self.frames.share(sha, path)
         if move:
             with self._lock:
                 self._owned.append(path)
         return ref(sha, size)
+
+    def _share_bundle(self, manifest: str) -> str:
+        """The reference to a manifest of content-addressed pieces (see :meth:`share_file`);
+        the manifest is the host's temporary file, removed when the kernel ends."""
+        import tempfile
+        with open(manifest, "rb") as f:
+            doc = json.loads(f.read())
+        entries = []
+        for key, src, offset, length, kind in doc["entries"]:
+            sha = _digest(src, offset, length)[0]
+            self.frames.share(sha, src, offset, length)
+            entries.append([key, ref(sha, length), 0, length, kind])
+        fd, remote = tempfile.mkstemp(prefix="rlm-gw-manifest-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            json.dump({"version": 1, "entries": entries}, f)
+        return self.share_file(remote, move=True)
 
     def share_socket(self, path: str) -> str:
         """The bridge address a gateway kernel uses: its stdin channel (``"stdin:"``)."""
@@ -406,6 +421,26 @@ class GatewayKernel:
         except KernelDied:
             self.frames.put_back(replies)
             raise
+
+
+def _digest(path: str, offset: int = 0, length: int | None = None) -> tuple[str, int]:
+    """``(sha256 hex, bytes)`` of the file at ``path``, or of its ``length`` bytes at
+    ``offset``. Raises OSError when it cannot be read or holds fewer bytes."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left is None or left > 0:
+            block = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not block:
+                break
+            h.update(block)
+            size += len(block)
+            left = None if left is None else left - len(block)
+    if length is not None and size != length:
+        raise OSError(f"context file {path} changed since it was loaded ({size} of {length} "
+                      f"bytes at offset {offset})")
+    return h.hexdigest(), size
 
 
 def _put(ws, msg: dict) -> None:

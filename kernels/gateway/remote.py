@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from kernels import runtime as rt
 from kernels.gateway.courier import CourierSocket, install
-from kernels.gateway.fetch import resolve
+from kernels.gateway import relay
+from kernels.gateway.fetch import resolve_context
 
 
 def bind(token: str, context_ref: str | None, fmt: str = "text", size: int | None = None,
          checked: bool = False, tools: list | None = None) -> str:
     """Bind this gateway kernel to one RLM instance: as :func:`kernels.runtime.bind`, with the
     bridge over the stdin channel and the context fetched from the host when ``context_ref``
-    is a remote reference (:func:`kernels.gateway.fetch.resolve`). Returns what
+    is a remote reference (:func:`kernels.gateway.fetch.resolve_context`). Returns what
     :func:`kernels.runtime.bind` returns; raises what it raises, and CourierError."""
     from ipykernel.kernelbase import Kernel as _IPK
     install(_IPK.instance())
     rt._Socket = CourierSocket  # sealed by bind(): restored after every cell
-    path = resolve(context_ref, token) if context_ref else None
-    return rt.bind("stdin:", token, path, fmt, size, checked=checked, tools=tools)
+    path = resolve_context(context_ref, fmt, token) if context_ref else None
+    # the bridge address a process the cell starts uses: the kernel's relay (the kernel's own
+    # process ignores it and uses the courier)
+    return rt.bind(relay.start(), token, path, fmt, size, checked=checked, tools=tools)

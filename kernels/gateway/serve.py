@@ -95,6 +95,8 @@ class FrameServer:
         self._bridge: Any = None
         self._token = ""
         self._shares: dict[str, str] = {}
+        self._pieces: dict[str, tuple[int, int]] = {}  # sha -> (offset, length) in its file
+        self.served_bytes = 0  # context bytes sent to this kernel (a measure; tests read it)
         self._cv = threading.Condition()
         self._seen: set[int] = set()
         # replies as JSON text (made on the worker's thread, not the WebSocket reader's)
@@ -109,10 +111,16 @@ class FrameServer:
         with self._cv:
             self._bridge, self._token = bridge, token
 
-    def share(self, sha256: str, path: str) -> None:
-        """Let this kernel pull the file at ``path`` as context ``sha256``."""
+    def share(self, sha256: str, path: str, offset: int = 0, length: int | None = None) -> None:
+        """Let this kernel pull the file at ``path`` as context ``sha256``; or, given
+        ``length``, the ``length`` bytes at ``offset`` of it (one piece of a many-file
+        context)."""
         with self._cv:
             self._shares[sha256] = path
+            if length is None:
+                self._pieces.pop(sha256, None)
+            else:
+                self._pieces[sha256] = (int(offset), int(length))
 
     def reset(self) -> None:
         """The kernel process was restarted: its frame ids start again."""
@@ -209,15 +217,21 @@ class FrameServer:
 
     def _chunk(self, args: dict) -> dict:
         with self._cv:
-            path = self._shares.get(str(args.get("sha256")))
+            sha = str(args.get("sha256"))
+            path, piece = self._shares.get(sha), self._pieces.get(sha)
         if path is None:
             return reply_error(encode_error(ErrorKind.SUBCALL_ERROR,
                                             "no such context was shared with this kernel"))
-        off, n = int(args.get("offset") or 0), int(args.get("length") or 0)
+        off, n = max(0, int(args.get("offset") or 0)), int(args.get("length") or 0)
         n = max(0, min(n, 16 << 20))
+        if piece is not None:  # never past the piece: the rest of the file was not shared
+            n = max(0, min(n, piece[1] - off))
+            off += piece[0]
         with open(path, "rb") as f:
-            f.seek(max(0, off))
+            f.seek(off)
             data = f.read(n)
+        with self._cv:
+            self.served_bytes += len(data)
         return reply_ok({"data": base64.b64encode(data).decode("ascii")})
 
 

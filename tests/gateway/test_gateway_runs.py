@@ -5,6 +5,7 @@ provider seam's placement of root and children."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -169,3 +170,27 @@ def test_a_session_on_the_gateway(on_gateway, tmp_path):
             assert s._held.kernel.kernel_id == kid
     assert (a.status, b.status) == ("completed", "completed"), (a.reason, b.reason)
     assert (a.answer, b.answer) == ("3", "gamma beta alpha|THE APPENDIX")
+
+
+def test_a_directory_context_on_the_gateway(on_gateway, tmp_path):
+    # a directory as a run's context and as a session's added context: each bound in the
+    # gateway kernel as the dict a local kernel binds (keys with their escapes, nested names)
+    root = tmp_path / "docs"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha")
+    (root / "sub" / "b.md").write_text("beta")
+    (root / "empty.txt").write_text("")
+    with open(os.path.join(os.fsencode(str(root)), b"caf\xe9.txt"), "wb") as f:
+        f.write(b"latin")
+    keys = "FINAL(','.join(sorted(context)) + '|' + context['sub/b.md'])"
+    with ScriptedServer(lambda req: repl(keys)) as srv:
+        res = _run(srv, root, max_depth=1, pool_size=0, **on_gateway)
+    assert res.status == "completed", res.reason
+    assert res.answer == "a.txt,caf\\xe9.txt,empty.txt,sub/b.md|beta"
+    with ScriptedServer(lambda req: repl("FINAL(context + '|' + ','.join(sorted(context_1)))")
+                        ) as srv:
+        with rlm.Session("the text", base_url=srv.base_url, api_key=API_KEY, model=MODEL,
+                         max_depth=1, journal=False, **on_gateway) as s:
+            assert s.add_context(root) == 1
+            got = s.ask("Keys?")
+    assert got.answer == "the text|a.txt,caf\\xe9.txt,empty.txt,sub/b.md", got.reason
