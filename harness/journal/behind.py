@@ -91,9 +91,21 @@ def _stage_json(stage: dict, path: Any) -> str:
     except (TypeError, ValueError) as exc:
         log.error("journal %s: stage %r is not JSON-serializable (%s); its unencodable values "
                   "are recorded as their repr", path, stage.get("id"), exc)
-        plain = (str, int, float, bool, type(None))
-        return json.dumps({str(k): v if isinstance(v, plain) else repr(v)
-                           for k, v in stage.items()})
+        return json.dumps(_encodable(stage, 0))
+
+
+def _encodable(value: Any, depth: int) -> Any:
+    """``value`` with every leaf JSON cannot encode replaced by its ``repr``; dicts and lists
+    keep their shape (readers such as ``rlm verify`` look inside them), to a depth of 64."""
+    if isinstance(value, str | int | bool | type(None)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if depth < 64 and isinstance(value, dict):
+        return {str(k): _encodable(v, depth + 1) for k, v in value.items()}
+    if depth < 64 and isinstance(value, list | tuple):
+        return [_encodable(v, depth + 1) for v in value]
+    return repr(value)[:10_000]
 
 
 def _chain_conflict(exc: BaseException) -> bool:

@@ -21,6 +21,8 @@ For each run, from one consistent snapshot of the journal (either store):
    call that was in flight when the cap was reached (the accountant admits on reservations).
 6. **replayed calls**: a call served from the journal has its recorded call, whose request hash
    matches its request.
+7. **record**: every stage, call and run record has the shape the harness writes (a field of
+   the wrong type, as an edited or foreign journal may hold, is reported, never a crash).
 
 ``verify_run`` returns a ``Verdict`` (violations in event order, each naming its event's ``seq``
 when there is one); ``verify_journal`` checks every run. This module imports only the standard
@@ -107,13 +109,21 @@ def verify_run(journal: Any, run_id: str) -> Verdict:
     out = verdict.violations
     run = run_rows[0] if run_rows else None
     _check_chain(run_id, run, event_rows, out)
-    latest = _check_transitions(event_rows, stage_rows, out)
-    calls = {c["call_id"]: c for c in map(call_record, call_rows)}
-    cells = [cell_record(r) for r in cell_rows]
-    plain = bool(run is not None and (loads(run[4]) or {}).get("plain"))
-    _check_evidence(latest, calls, cells, out, plain=plain)
-    if run is not None:
-        _check_usage_and_caps(run, latest, calls, out)
+    try:
+        latest = _check_transitions(event_rows, stage_rows, out)
+        calls = {c["call_id"]: c for c in map(call_record, call_rows)}
+        cells = [cell_record(r) for r in cell_rows]
+        options = loads(run[4]) if run is not None else None
+        plain = isinstance(options, dict) and bool(options.get("plain"))
+        _check_evidence(latest, calls, cells, out, plain=plain)
+        if run is not None:
+            _check_usage_and_caps(run, latest, calls, out)
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        # A record whose JSON parses but not into the shape the harness writes (a field of
+        # the wrong type): the run is malformed, which is a finding, not a crash of verify.
+        out.append(Violation("record", None, f"a record does not have the shape the harness "
+                             f"writes ({type(exc).__name__}: {exc}); the journal was altered "
+                             f"or written by another program"))
     return verdict
 
 
@@ -198,7 +208,8 @@ def _check_evidence(latest: dict, calls: dict, cells: list[dict], out: list,
                 finals.add(str(check["answer"]))  # a checked answer: its canonical form
     for sid, (seq, st) in latest.items():
         kind, ev, done = st.get("kind"), st.get("evidence"), st.get("status") == "completed"
-        replayed = bool((st.get("meta") or {}).get("replayed"))
+        meta = st.get("meta")
+        replayed = isinstance(meta, dict) and bool(meta.get("replayed"))
         if kind == "model_call" and (done or replayed):
             call = calls.get(sid)
             if done and ev is None:

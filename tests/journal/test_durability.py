@@ -101,7 +101,8 @@ def test_a_queued_stage_that_cannot_be_encoded_is_written_as_text(tmp_path, capl
     with Journal(tmp_path / "j.sqlite3") as j:
         j.create_run("r", query="q", model="m")
         bad = stage("r", "bad", "pending")
-        bad["evidence"] = object()
+        bad["evidence"] = {"code": "x = 1", "output": object()}
+        bad["note"] = object()
         with caplog.at_level(logging.ERROR, logger="harness.journal"):
             j.record_event(event("r", bad, None, "pending"), behind=True)
             j.record_event(event("r", stage("r", "good", "pending"), None, "pending"),
@@ -109,8 +110,12 @@ def test_a_queued_stage_that_cannot_be_encoded_is_written_as_text(tmp_path, capl
             j.flush()
         got = {e["stage_id"]: e for e in j.events("r")}
         assert set(got) == {"r/bad", "r/good"}
-        assert "object object at" in str(got["r/bad"]["stage"]["evidence"])
+        kept = got["r/bad"]["stage"]
+        assert kept["evidence"]["code"] == "x = 1"  # only the unencodable leaves become text
+        assert "object object at" in kept["evidence"]["output"] and "object at" in kept["note"]
+        assert isinstance(kept["meta"], dict) and kept["meta"] == bad["meta"]
         assert "not JSON-serializable" in caplog.text
+        assert verify_run(j, "r").events == 2  # a reader of the record still reads it
 
 
 def _tree_events():

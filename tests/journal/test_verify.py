@@ -147,6 +147,25 @@ def test_illegal_transition_appended_through_the_api_is_caught(store, recorded):
     assert not v.ok and "terminal status completed left" in v.first.message
 
 
+@pytest.mark.parametrize("field,value", [("meta", "a string"), ("evidence", ["a", "list"]),
+                                         ("usage", "12 tokens"), ("meta", 7)])
+def test_a_record_of_the_wrong_shape_is_a_finding_not_a_crash(store, recorded, cli, field,
+                                                               value):
+    """A stage recorded with a field of another type (as an edited or foreign journal may hold)
+    is reported by ``rlm verify`` with exit 8; the command never fails with an internal error."""
+    import json
+    spec, raw, _ = store
+    seq = _seq(raw, recorded, "model_call", "completed")
+    st = json.loads(raw("SELECT stage FROM events WHERE seq = ?", (seq,))[0][0])
+    st[field] = value
+    with Journal(spec) as j:
+        j.record_event({"run_id": recorded, "stage": st, "from": "completed",
+                        "to": "completed", "ts": time.time()})
+    r = cli("verify", "--all", "--journal", spec)
+    assert r.rc == 8 and "VIOLATED" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_cli_verify_names_the_first_bad_event(store, recorded, cli):
     spec, raw, _ = store
     r = cli("verify", "--all", "--journal", spec)
