@@ -73,8 +73,8 @@ def why_not() -> str | None:
 
 
 _SCRIPT = """set -e
-mount -t tmpfs -o mode=1777 tmpfs /tmp
 for p in $BACK; do mkdir -p "$HOME_DIR/back$p"; mount --rbind "$p" "$HOME_DIR/back$p"; done
+mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=0755 tmpfs /root
 for p in $BACK; do mkdir -p "$p"; mount --rbind "$HOME_DIR/back$p" "$p"; done
 cd "$HOME_DIR/work"
@@ -101,6 +101,15 @@ def _gateway_argv(port: int, env: dict) -> list[str]:
             "--KernelGatewayApp.log_level=WARN"]
 
 
+def _hidden_paths() -> list[str]:
+    """What the namespace's fresh /tmp and /root would hide that the gateway needs (the
+    interpreter, the virtualenv, the checkout: a clone under /tmp, a Python under /root), to
+    be bound back; a path inside another one listed is left out."""
+    paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, REPO)}
+    hidden = sorted(p for p in paths if p.startswith(("/root/", "/tmp/")))
+    return [p for p in hidden if not any(p.startswith(q + "/") for q in hidden)]
+
+
 def start_gateway(port: int | None = None, token: str | None = None,
                   cull_idle: int | None = None) -> Gateway:
     """Start a gateway (see the module's text); returns once it answers."""
@@ -119,8 +128,7 @@ def start_gateway(port: int | None = None, token: str | None = None,
     subprocess.run(["chown", "-R", f"{USER}:", home], check=True)
     port = port or _free_port()
     token = token if token is not None else secrets.token_hex(16)
-    # what root's home hides that the interpreter needs: bound back in the namespace
-    back = sorted({p for p in (os.path.realpath(sys.base_prefix),) if p.startswith("/root/")})
+    back = _hidden_paths()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "HOME_DIR": home,
            "GW_USER": USER, "BACK": " ".join(back), "PYTHONPATH": str(REPO),
            "JUPYTER_PATH": os.path.join(home, "pfx", "share", "jupyter"),
