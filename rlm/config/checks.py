@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["http_url", "run_id", "price_file", "prompt_profile", "patterns"]
+__all__ = ["http_url", "run_id", "price_file", "prompt_profile", "patterns", "placement"]
 
 
 def http_url(v: Any) -> str | None:
@@ -97,3 +97,10 @@ def patterns(v: Any) -> str | None:
     if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
         return None
     return f"must be a glob pattern or a list of them, got {v!r}"
+
+
+def placement(v: Any) -> str | None:
+    """What is wrong with a ``--kernels`` placement (:func:`kernels.provider.placement_error`),
+    or None."""
+    from kernels.provider import placement_error
+    return placement_error(v)

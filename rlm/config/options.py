@@ -35,7 +35,7 @@ from kernels.bwrap import MODES as SANDBOX_MODES
 
 from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
                                  external_endpoint)
-from rlm.config.checks import (context_window, http_url, patterns, price_file,
+from rlm.config.checks import (context_window, http_url, patterns, placement, price_file,
                                 prompt_profile, run_id)
 from rlm.errors import ConfigError
 from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS
@@ -240,11 +240,6 @@ class Option:
 
 _RUN_RESUME = (RUN, RESUME)
 
-
-def _placement_error(value: Any) -> str | None:
-    from kernels.provider import placement_error
-    return placement_error(value)
-
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
 #: group and of the reference tables. Embedded defaults keep what the small local model is fed small
 #: (its window is 16k tokens per request) and its sub-call answers short (a rambling one costs ~25 s
@@ -393,7 +388,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="kernel sandbox: `auto`, `required` or `none` (env `RLM_SANDBOX`)",
            doc_default="`auto`"),
     Option("kernels", "--kernels", str, "local", metavar="PLACE", group=SANDBOX,
-           commands=_RUN_RESUME, stored=True, check=_placement_error,
+           commands=_RUN_RESUME, stored=True, check=placement,
            help="where kernels run: local (default), gateway (a Jupyter gateway, "
                 "--gateway-url), or per role, e.g. root=local,children=gateway",
            doc="where kernels run: `local`, `gateway`, or `root=...,children=...` "
