@@ -48,7 +48,8 @@ KERNEL_ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_A
 _KERNEL_ENV_SET = {"PYTHONUNBUFFERED": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 
 #: Variables whose values are blanked in the host's start-up environment block.
-STARTUP_SECRET_NAMES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RLM_SERVE_API_KEY")
+STARTUP_SECRET_NAMES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RLM_SUB_API_KEY",
+                        "RLM_SERVE_API_KEY")
 
 
 def is_secret_name(name: str) -> bool:

@@ -69,6 +69,7 @@ ENVIRONMENT = """\
 | environment variable | meaning |
 |---|---|
 | `OPENAI_BASE_URL`, `OPENAI_API_KEY` | endpoint and key when the flags are not given |
+| `RLM_SUB_API_KEY` | the key of the sub-call endpoint (`--sub-base-url`), unless `sub_api_key=` gives it; there is no flag |
 | `RLM_MODEL` | model name when `--model` is not given |
 | `RLM_JOURNAL` | journal: a SQLite file or a `postgresql://` URL (default `$XDG_DATA_HOME/rlm/journal.sqlite3`, i.e. `~/.local/share/rlm/journal.sqlite3`) |
 | `RLM_HOST` | host name recorded as a run's owner (default: the machine's host name) |

@@ -22,7 +22,7 @@ from harness.budget.accountant import Budget
 from harness.budget.prices import PriceTable
 
 from rlm.errors import ConfigError
-from rlm.config.endpoint import endpoint_configured
+from rlm.config.endpoint import endpoint_configured, sub_endpoint
 from rlm.config.options import ENDPOINT, OPTIONS, Option, Options
 from rlm.tools import as_tools, replay_tools, tool_records
 
@@ -44,10 +44,13 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str]) -
             their default, or their ``embedded_default`` when no endpoint is configured.
         endpoint: (base_url, api_key, model) the run talks to (an :class:`~rlm.config.options.Endpoint`, or the
             embedded server's). With the embedded model, ``sub_model``/``child_model`` are
-            dropped (it serves every call) and the model is priced as local (free).
+            dropped (it serves every call) and the model is priced as local (free). The
+            sub-calls' own endpoint, if any, comes from ``o``
+            (:func:`~rlm.config.endpoint.sub_endpoint`: ``sub_base_url`` and its key).
     Raises:
-        ConfigError: a budget value :class:`~harness.budget.accountant.Budget` refuses, or an unreadable
-            price file.
+        ConfigError: a budget value :class:`~harness.budget.accountant.Budget` refuses, an
+            unreadable price file, or a sub-call endpoint
+            :func:`~rlm.config.endpoint.sub_endpoint` refuses.
     """
     embedded = not endpoint_configured(o)
     base_url, api_key, model = endpoint
@@ -73,6 +76,9 @@ def build_options(o: Mapping[str, Any], endpoint: tuple[str, str | None, str]) -
     for opt in OPTIONS:
         if opt.to_options:
             setattr(opts, opt.name, _value(opt, o, embedded))
+    sub = sub_endpoint(o)
+    if sub is not None:
+        opts.sub_base_url, opts.sub_api_key = sub
     opts.tools = as_tools(opts.tools)  # functions, specs, records -> checked rlm.tools.Tool
     if opts.system_template is None:
         opts.system_template = _template_file(opts.prompt)
@@ -124,7 +130,8 @@ def stored_options(opts: Options, ctx: Any) -> dict:
         a value, stdin or a many-file context), ``context_spec`` (a directory/glob/paths
         context: ``{sources, include, exclude, max_bytes}`` to load it again, else None),
         ``context_fmt``, ``context_encoding``, ``context_sha256``, ``tools`` (each
-        :meth:`rlm.tools.Tool.record`). Never the API key.
+        :meth:`rlm.tools.Tool.record`). Never an API key (``sub_base_url`` is kept, its key
+        is not).
     """
     d = {opt.name: getattr(opts, opt.name) for opt in OPTIONS if opt.stored and opt.has_attribute}
     d["embedded"] = opts.embedded

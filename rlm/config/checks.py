@@ -6,13 +6,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["http_url", "run_id", "price_file", "prompt_profile", "patterns"]
+__all__ = ["http_url", "sub_http_url", "run_id", "price_file", "prompt_profile", "patterns",
+           "placement"]
 
 
-def http_url(v: Any) -> str | None:
+def http_url(v: Any, key_hint: str = "--api-key or the provider's API key variable"
+             ) -> str | None:
     """None for an http(s) URL the client can send to (a host, a valid port and address), else
     what is wrong with it (RFC 3986 syntax through ``urllib.parse``; dotted numbers must be an
-    IPv4 address)."""
+    IPv4 address). ``key_hint``: where the message says the endpoint's key goes instead of
+    into the URL."""
     import ipaddress
     import re
     from urllib.parse import urlsplit
@@ -31,8 +34,7 @@ def http_url(v: Any) -> str | None:
     if parts.username is not None or parts.password is not None or parts.query:
         # a URL is journaled, logged and shown in errors: a secret in it would be too
         return (f"must not carry credentials or a query string (they would be journaled and "
-                f"shown in errors): give the key with --api-key or the provider's API key "
-                f"variable, got {_masked_url(v)!r}")
+                f"shown in errors): give the key with {key_hint}, got {_masked_url(v)!r}")
     if parts.port == 0:
         return f"{bad} (port 0)"
     if ":" not in host and "" in host.rstrip(".").split("."):
@@ -43,6 +45,12 @@ def http_url(v: Any) -> str | None:
         except ValueError:
             return f"{bad} ({host} is not an IPv4 address)"
     return None
+
+
+def sub_http_url(v: Any) -> str | None:
+    """:func:`http_url` for the sub-call endpoint (``sub_base_url``), whose key has a place
+    of its own to be given in (``RLM_SUB_API_KEY``, ``sub_api_key=``)."""
+    return http_url(v, key_hint="RLM_SUB_API_KEY (or sub_api_key=)")
 
 
 def _masked_url(v: str) -> str:
@@ -97,3 +105,10 @@ def patterns(v: Any) -> str | None:
     if isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)):
         return None
     return f"must be a glob pattern or a list of them, got {v!r}"
+
+
+def placement(v: Any) -> str | None:
+    """What is wrong with a ``--kernels`` placement (:func:`kernels.provider.placement_error`),
+    or None."""
+    from kernels.provider import placement_error
+    return placement_error(v)

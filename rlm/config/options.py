@@ -35,8 +35,8 @@ from kernels.bwrap import MODES as SANDBOX_MODES
 
 from rlm.config.endpoint import (Endpoint, endpoint_configured,  # noqa: F401  (re-exported)
                                  external_endpoint)
-from rlm.config.checks import (context_window, http_url, patterns, price_file,
-                                prompt_profile, run_id)
+from rlm.config.checks import (context_window, http_url, patterns, placement, price_file,
+                                prompt_profile, run_id, sub_http_url)
 from rlm.errors import ConfigError
 from rlm.models.base import DEFAULT_PROVIDER, PROVIDERS
 from rlm.models.catalog import (DEFAULT_EMBEDDED_MODEL, EMBEDDED_MODELS,  # noqa: F401  (re-exported)
@@ -51,6 +51,8 @@ class Options:
         model: the root model's name; ``child_model`` for child roots and
             ``sub_model`` for ``llm_query``/fallbacks default to it.
         base_url, api_key: the endpoint; None means the embedded model.
+        sub_base_url, sub_api_key: a separate endpoint for ``llm_query``(``_batched``) and
+            fallbacks, and its key (None: they go to ``base_url``, as children always do).
         provider: the endpoint's API (a name in :data:`rlm.models.base.PROVIDERS`).
         cell_timeout: [s] per executed block; the kernel is interrupted after it.
         max_output_chars: [characters] of cell output fed back per turn.
@@ -78,6 +80,8 @@ class Options:
     child_model: str | None = None
     base_url: str | None = None
     api_key: str | None = None
+    sub_base_url: str | None = None
+    sub_api_key: str | None = field(default=None, repr=False)
     provider: str = DEFAULT_PROVIDER
     cell_timeout: float = 60.0
     max_output_chars: int = 4000
@@ -240,11 +244,6 @@ class Option:
 
 _RUN_RESUME = (RUN, RESUME)
 
-
-def _placement_error(value: Any) -> str | None:
-    from kernels.provider import placement_error
-    return placement_error(value)
-
 #: Every keyword option, each declared once. The order is the order of ``--help`` within each
 #: group and of the reference tables. Embedded defaults keep what the small local model is fed small
 #: (its window is 16k tokens per request) and its sub-call answers short (a rambling one costs ~25 s
@@ -294,6 +293,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("sub_model", "--sub-model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
            stored=True, help="model for llm_query and depth-limit fallbacks (default: --model)",
            doc="model for `llm_query` and depth-limit fallbacks", doc_default="`--model`"),
+    Option("sub_base_url", "--sub-base-url", metavar="URL", group=ENDPOINT, commands=_RUN_RESUME,
+           stored=True, check=sub_http_url, doc_default="`--base-url`",
+           help="another OpenAI-compatible base URL for llm_query(_batched) and depth-limit "
+                "fallbacks (default: --base-url, which children keep); key: env RLM_SUB_API_KEY",
+           doc="another OpenAI-compatible endpoint for `llm_query`(`_batched`) and depth-limit "
+               "fallbacks (children keep `--base-url`); key: env `RLM_SUB_API_KEY`, no flag"),
+    Option("sub_api_key", None, group=ENDPOINT, doc_default="`$RLM_SUB_API_KEY`", doc="the key "
+           "of `sub_base_url` (else env `RLM_SUB_API_KEY`); never journaled nor seen by kernels"),
     Option("child_model", "--child-model", metavar="NAME", group=ENDPOINT, commands=_RUN_RESUME,
            stored=True, help="model driving child RLMs (default: --model)",
            doc="model driving child RLMs", doc_default="`--model`"),
@@ -393,7 +400,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="kernel sandbox: `auto`, `required` or `none` (env `RLM_SANDBOX`)",
            doc_default="`auto`"),
     Option("kernels", "--kernels", str, "local", metavar="PLACE", group=SANDBOX,
-           commands=_RUN_RESUME, stored=True, check=_placement_error,
+           commands=_RUN_RESUME, stored=True, check=placement,
            help="where kernels run: local (default), gateway (a Jupyter gateway, "
                 "--gateway-url), or per role, e.g. root=local,children=gateway",
            doc="where kernels run: `local`, `gateway`, or `root=...,children=...` "
@@ -542,15 +549,15 @@ OPTIONS: tuple[Option, ...] = (
 #: The options ``rlm serve`` takes as the defaults of its runs: its flags come from these entries,
 #: so each has the same name, type, range and help as in ``rlm run``. ``api_key`` is not among
 #: them: ``rlm serve --api-key`` is the key its clients must send, and the upstream endpoint's key
-#: is serve's own ``--upstream-api-key``.
-SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "child_model", "embedded_model",
-                 "embedded_threads", "max_attempts", "max_iterations", "max_depth", "cell_timeout",
-                 "max_output_chars", "max_cost_usd", "max_tokens", "max_calls", "max_wall_seconds",
-                 "max_children_per_call", "max_concurrency", "price_file", "sandbox",
-                 "kernel_network", "kernel_memory_mb", "kernel_processes", "kernel_disk_mb",
-                 "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes", "context_window",
-                 "compact_at", "kernel_seed", "pool_size", "prompt", "kernels", "gateway_url",
-                 "gateway_kernelspec")
+#: is serve's own ``--upstream-api-key`` (the sub-call endpoint's, ``$RLM_SUB_API_KEY``).
+SERVE_OPTIONS = ("provider", "model", "base_url", "sub_model", "sub_base_url", "child_model",
+                 "embedded_model", "embedded_threads", "max_attempts", "max_iterations",
+                 "max_depth", "cell_timeout", "max_output_chars", "max_cost_usd", "max_tokens",
+                 "max_calls", "max_wall_seconds", "max_children_per_call", "max_concurrency",
+                 "price_file", "sandbox", "kernel_network", "kernel_memory_mb", "kernel_processes",
+                 "kernel_disk_mb", "tools", "max_tool_calls", "tool_timeout", "max_tool_bytes",
+                 "context_window", "compact_at", "kernel_seed", "pool_size", "prompt", "kernels",
+                 "gateway_url", "gateway_kernelspec")
 #: The options of ``rlm run`` that ``rlm serve`` does not take, and why (tests/config checks
 #: that every other run option is a serve option).
 NOT_SERVED = {
@@ -575,8 +582,8 @@ OPTIONS = tuple(replace(o, commands=o.commands + (CHAT,), switches=tuple(
 OPTION_NAMES = frozenset(o.name for o in OPTIONS)
 _FIELDS = frozenset(f.name for f in fields(Options))
 # Options attributes rlm.config.build.build_options sets from the endpoint or the opened journal
-_RESOLVED = frozenset({"model", "sub_model", "child_model", "base_url", "api_key", "journal",
-                       "price_file"})
+_RESOLVED = frozenset({"model", "sub_model", "child_model", "base_url", "api_key",
+                       "sub_api_key", "journal", "price_file"})
 
 
 def check_names(names: Iterable[str]) -> None:

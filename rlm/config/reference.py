@@ -38,9 +38,11 @@ _REPLACED = {
     "custom_system_prompt": "the prompt is chosen by profile: `prompt='...'` / `--prompt` "
                             "(see docs/reference/options.md)",
     "other_backends": "name the models of sub-calls and children with `sub_model=` and "
-                      "`child_model=` (one endpoint)",
+                      "`child_model=`, and a separate endpoint for sub-calls with "
+                      "`sub_base_url=` (its key: `sub_api_key=` or RLM_SUB_API_KEY)",
     "other_backend_kwargs": "name the models of sub-calls and children with `sub_model=` and "
-                            "`child_model=` (one endpoint)",
+                            "`child_model=`, and a separate endpoint for sub-calls with "
+                            "`sub_base_url=` (its key: `sub_api_key=` or RLM_SUB_API_KEY)",
     "environment": "code runs in a sandboxed local Jupyter kernel; `sandbox=` sets how strict "
                    "(see docs/security.md)",
     "environment_kwargs": "kernel limits are options: `kernel_memory_mb=`, "

@@ -8,7 +8,7 @@ import os
 from typing import Any, Iterable, Mapping
 
 from rlm.config.checks import http_url
-from rlm.config.endpoint import endpoint_configured
+from rlm.config.endpoint import endpoint_configured, sub_endpoint
 from rlm.config.options import OPTIONS, SANDBOX_MODES, Option
 from rlm.errors import ConfigError
 from rlm.models.base import provider_env
@@ -26,7 +26,8 @@ def validate_options(o: Mapping[str, Any]) -> None:
 
     ``None`` values are "not given" and pass. Numbers must be finite, in range, and whole for
     ``int`` options; choices must match; ``base_url`` must be http(s); ``run_id`` not blank;
-    ``model`` needs an endpoint (``base_url``/``api_key`` or ``OPENAI_BASE_URL``/``OPENAI_API_KEY``).
+    ``model`` needs an endpoint (``base_url``/``api_key`` or ``OPENAI_BASE_URL``/``OPENAI_API_KEY``)
+    and so does ``sub_base_url``, whose key ``sub_api_key`` is refused without it.
 
     Raises:
         ConfigError: the first bad value, e.g. ``--max-depth must be >= 0 and <= 8, got 9``.
@@ -72,6 +73,7 @@ def validate_options(o: Mapping[str, Any]) -> None:
         raise ConfigError(f"--model {o['model']!r} needs an endpoint: pass --base-url (or set "
                           f"{spec.url_env} / {spec.key_env}); without one the embedded model "
                           "is used, chosen with --embedded-model")
+    sub_endpoint(o)  # its refusals, before the run is journaled
 
 
 def _check_env_sandbox(o: Mapping[str, Any]) -> None:
@@ -106,8 +108,8 @@ def _check_placement(o: Mapping[str, Any]) -> None:
 
 
 #: keyword options whose value is text when given
-_TEXT_OPTIONS = ("model", "sub_model", "child_model", "api_key", "embedded_model", "encoding",
-                 "system_template", "divergence")
+_TEXT_OPTIONS = ("model", "sub_model", "child_model", "api_key", "sub_api_key", "embedded_model",
+                 "encoding", "system_template", "divergence")
 
 
 def _label(name: str) -> str:

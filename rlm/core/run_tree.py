@@ -1,6 +1,7 @@
 """One run tree on the host: model calls, kernels, the bridge, the budget and the journal.
 
-A :class:`RunTree` is made per run. It owns the model client (and so the credentials), the
+A :class:`RunTree` is made per run. It owns the model clients (and so the credentials: the run's
+endpoint's, and the sub-call endpoint's when ``sub_base_url`` names one), the
 :class:`~harness.budget.accountant.Accountant`, the :class:`~harness.stages.tree.StageTree` (whose first
 listener is the journal), the kernel pool and the bridge server. Each RLM loop (the root and
 every child, :class:`rlm.core.loop.RLMLoop`) borrows a kernel from it and sends every model call
@@ -45,6 +46,8 @@ from kernels.kernel import Kernel
 from kernels.pool import pool_size_for
 
 from rlm.models.base import Completion, ModelClient, make_client
+from rlm.models.sub_endpoint import SubcallClient
+from rlm.models.transport import endpoint_unusable
 from rlm.errors import ConfigError, EndpointError, RLMError
 from rlm.config.ahead import sandbox_of
 from rlm.config.options import Options
@@ -120,6 +123,10 @@ class RunTree:
         self.client = client or (make_client(options.provider, options.base_url,
                                              options.api_key, max_attempts=options.max_attempts)
                                  if options.base_url else None)
+        # sub-calls' own endpoint (sub_base_url), else they share the client above
+        self.sub_client = (SubcallClient(options.sub_base_url, options.sub_api_key,
+                                         max_attempts=options.max_attempts)
+                           if options.sub_base_url else None)
         pool_size = pool_size_for(options.budget.max_depth, options.pool_size)
         # the kernel a caller started ahead of the run (kernels.pool.head_start), if any: the
         # root takes it, so its cold start overlaps the host's set-up
@@ -175,7 +182,8 @@ class RunTree:
 
     # model calls ------------------------------------------------------------------
     def model_call(self, parent: str, level: int, messages: list[dict], model: str,
-                   max_tokens: int, scope: CancelScope | None = None) -> Completion:
+                   max_tokens: int, scope: CancelScope | None = None,
+                   sub: bool = False) -> Completion:
         """One model call as a ``model_call`` stage under ``parent``.
 
         Served from the journal when resuming/replaying and the journal holds it; else
@@ -189,13 +197,19 @@ class RunTree:
                 sent: nothing is sent or charged (stage ``cancelled``); while it is in flight:
                 its concurrency place is freed at once and the call is abandoned (it still
                 settles if its reply comes before its deadline).
+            sub: True for a sub-call (``llm_query``, a depth-limit fallback): sent to the
+                sub-call endpoint when the run has one (:attr:`sub_client`), else to the
+                run's own. Its request, journal record and charge are the same either way.
         Returns:
             the :class:`~rlm.models.openai_compat.Completion`.
         Raises:
             BudgetExceeded: refused before sending (stage ``budget_exceeded``), or the wall
                 cap ended the call.
             Cancelled: ``scope`` was cancelled (not by the wall cap) before the reply.
-            EndpointError: the endpoint failed after retries (stage ``failed``).
+            EndpointError: the endpoint failed after retries (stage ``failed``). A sub-call
+                endpoint that cannot be used at all (unreachable, or refusing its key) also
+                ends the whole run, as the run's own endpoint would: it becomes
+                :attr:`fatal`, so no further cell runs and the run fails with its message.
             DivergenceError: the journal holds a different request under this call id (it
                 then ends the whole run: every later call raises it too).
         """
@@ -219,10 +233,12 @@ class RunTree:
                     st.meta.update(comp.meta(), replayed=True, reply=reply_facts(comp))
                     return comp
             resv, probe = self._admit(st, model, messages, max_tokens, scope)
-            server = server_facts(getattr(self.client, "base_url", None))
+            client = self.sub_client if sub and self.sub_client is not None else self.client
+            server = server_facts(getattr(client, "base_url", None))
             if server is not None:
                 st.meta["server"] = server
-            comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope)
+            comp, cost = self._send_admitted(st, resv, probe, messages, model, max_tokens, scope,
+                                             client)
             st.usage_on_exit(comp.prompt_tokens, comp.completion_tokens, cost)
             st.evidence = comp.text
             st.meta.update(comp.meta(), reply=reply_facts(comp))
@@ -262,7 +278,8 @@ class RunTree:
             raise
 
     def _send_admitted(self, st: StageScope, resv: Any, probe: Any, messages: list[dict],
-                       model: str, max_tokens: int, scope: CancelScope) -> tuple:
+                       model: str, max_tokens: int, scope: CancelScope,
+                       client: ModelClient | None) -> tuple:
         """Send an admitted call: a concurrency place, the reservation durable in the spend
         ledger *before* sending, the call, then settlement. Returns ``(completion, cost USD)``.
         On any failure the reservation is released (and the ledger says so)."""
@@ -282,7 +299,7 @@ class RunTree:
         # abandoned (the cell interrupted): free the place now, the call ends on its own
         unhook = scope.on_cancel(permit.release)
         try:
-            comp = self._send(messages, model, max_tokens, st.id, scope)
+            comp = self._send(client, messages, model, max_tokens, st.id, scope)
         except BaseException:
             self.accountant.release(resv)
             self._probe_done(model, probe)
@@ -390,15 +407,15 @@ class RunTree:
                 raise self._wall_error()
             raise Cancelled(scope.reason or "cancelled")
 
-    def _send(self, messages: list[dict], model: str, max_tokens: int, call_id: str,
-              scope: CancelScope) -> Completion:
+    def _send(self, client: ModelClient | None, messages: list[dict], model: str,
+              max_tokens: int, call_id: str, scope: CancelScope) -> Completion:
         from rlm.models.openai_compat import DeadlineExceeded
-        if self.client is None:
+        if client is None:
             raise EndpointError("no model endpoint configured")
         try:
             self.check_scope(scope)
             left = self.deadline_left()
-            return self.client.complete(
+            return client.complete(
                 messages, model, max_tokens=max_tokens, temperature=self.opts.temperature,
                 deadline=None if left is None else time.monotonic() + left + 0.05,
                 call_id=f"{self.run_id}/{call_id}", cancel=scope)
@@ -409,6 +426,12 @@ class RunTree:
                 raise self._wall_error() from None
             if scope.cancelled:
                 self.check_scope(scope)
+            if client is self.sub_client and endpoint_unusable(exc):
+                # the root's endpoint may be fine, but no sub-call can succeed: the run fails
+                # here, naming the sub-call endpoint, as it would at its own endpoint's failure
+                with self._lock:
+                    if self.fatal is None:
+                        self.fatal = exc
             raise
 
     def _wall_error(self) -> BudgetExceeded:
@@ -522,6 +545,8 @@ class RunTree:
             self.bridge.close()
         if self._own_client and self.client is not None:
             self.client.close()  # abandoned calls still reading give up now
+        if self.sub_client is not None:
+            self.sub_client.close()
 
 
 def prompt_estimate(messages: list[dict]) -> int:

@@ -296,8 +296,9 @@ def checked_completion(run: Any, stage: Any, prompt: str, check: AnswerCheck,
                        tries: int = 3, scope: Any = None) -> str:
     """A depth-limit ``rlm(..., schema=)``: a plain completion whose reply must pass ``check``.
 
-    Runs inside the pending ``fallback`` ``stage``: up to ``tries`` model calls, each refused
-    reply answered with the validation error. Every verdict is evidence on the stage.
+    Runs inside the pending ``fallback`` ``stage``: up to ``tries`` model calls (to the
+    sub-call endpoint when the run has one), each refused reply answered with the validation
+    error. Every verdict is evidence on the stage.
     ``scope``: the calling cell's cancel scope (its interrupt stops the calls).
 
     Returns:
@@ -315,7 +316,7 @@ def checked_completion(run: Any, stage: Any, prompt: str, check: AnswerCheck,
     with run.stage(existing=stage) as sc:
         for _ in range(max(1, tries)):
             comp = run.model_call(sc.id, sc.level, messages, stage.model,
-                                  run.opts.sub_max_tokens, scope=scope)
+                                  run.opts.sub_max_tokens, scope=scope, sub=True)
             verdict = check.check(_strip_fences(comp.text))
             verdicts.append(verdict.evidence())
             sc.evidence = {"answer": verdict.answer, "checks": verdicts}

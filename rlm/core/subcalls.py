@@ -239,11 +239,12 @@ class Subcalls:
         return self._plain_completion(st, prompt, scope or self.loop.scope)
 
     def _plain_completion(self, stage: Stage, prompt: str, scope: CancelScope) -> str:
-        """A plain completion inside the pending stage (an ``llm_query`` or a ``fallback``)."""
+        """A plain completion inside the pending stage (an ``llm_query`` or a ``fallback``),
+        sent to the sub-call endpoint when the run has one (``sub_base_url``)."""
         run = self.run_tree
         with run.stage(existing=stage) as sc:
             comp = run.model_call(sc.id, sc.level, [{"role": "user", "content": prompt}],
-                                  stage.model, run.opts.sub_max_tokens, scope=scope)
+                                  stage.model, run.opts.sub_max_tokens, scope=scope, sub=True)
             sc.evidence = comp.text
         return comp.text
 

@@ -96,6 +96,10 @@ def post_json(client: Any, path: str, kwargs: dict) -> dict:
     return json.loads(client.post(path, body=body, cast_to=bytes, options=options))
 
 
+#: HTTP statuses of an endpoint refusing the key itself (not one request's content).
+KEY_REFUSED = frozenset({401, 403})
+
+
 def http_status_error(exc: Any, base_url: str, attempts: int, hints: dict,
                       message: str) -> EndpointError:
     """The :class:`~rlm.errors.EndpointError` of an HTTP error status an SDK raised (``exc``,
@@ -110,15 +114,52 @@ def http_status_error(exc: Any, base_url: str, attempts: int, hints: dict,
     location = exc.response.headers.get("location") if 300 <= exc.status_code < 400 else None
     if location:
         hint = f"it redirects to {location}: give that as --base-url"
-    return EndpointError(f"model endpoint {base_url} answered HTTP {exc.status_code} "
-                         f"after {attempts} attempt(s): {message}" + (f"; {hint}" if hint else ""))
+    err = EndpointError(f"model endpoint {base_url} answered HTTP {exc.status_code} "
+                        f"after {attempts} attempt(s): {message}" + (f"; {hint}" if hint else ""))
+    if exc.status_code in KEY_REFUSED:
+        err.endpoint_unusable = True  # type: ignore[attr-defined]
+    return err
 
 
 def unreachable_error(exc: BaseException, base_url: str, attempts: int) -> EndpointError:
     """The :class:`~rlm.errors.EndpointError` of a connection that failed ``attempts`` times."""
-    return EndpointError(f"model endpoint {base_url} unreachable after {attempts} "
-                         f"attempt(s) ({type(exc).__name__}); check that the server is "
-                         "running and --base-url is right")
+    err = EndpointError(f"model endpoint {base_url} unreachable after {attempts} "
+                        f"attempt(s) ({type(exc).__name__}); check that the server is "
+                        "running and --base-url is right")
+    err.endpoint_unusable = True  # type: ignore[attr-defined]
+    return err
+
+
+def endpoint_unusable(exc: BaseException) -> bool:
+    """True if ``exc`` says no call to its endpoint can succeed as configured: unreachable
+    after every attempt, or the key refused (:data:`KEY_REFUSED`); False for a failure of one
+    request (a 400, a reply too long for the window, 5xx past the attempts...). Read from
+    the mark :func:`unreachable_error` and :func:`http_status_error` leave on the error."""
+    return bool(getattr(exc, "endpoint_unusable", False))
+
+
+#: How an error of a run's sub-call endpoint (``sub_base_url``) names that endpoint and its
+#: settings, in place of the run's own (what :func:`http_status_error`, :func:`unreachable_error`
+#: and the providers' messages say): (the main endpoint's words, the sub-call endpoint's).
+SUB_ENDPOINT_WORDS = (("model endpoint ", "sub-call endpoint "),
+                      ("--model and --base-url", "--sub-model and --sub-base-url"),
+                      ("--base-url", "--sub-base-url"),
+                      ("--api-key / OPENAI_API_KEY", "RLM_SUB_API_KEY (or sub_api_key=)"))
+
+
+def for_sub_calls(err: EndpointError) -> EndpointError:
+    """``err`` (an error of the sub-call endpoint's client) as the run reports it: the same
+    class and attributes (a :class:`~rlm.models.base.DeadlineExceeded` stays one, the
+    :func:`endpoint_unusable` mark stays), its text naming the sub-call endpoint and its
+    settings (:data:`SUB_ENDPOINT_WORDS`), so a user fixes ``--sub-base-url`` or
+    ``RLM_SUB_API_KEY``, not the run's own endpoint."""
+    import copy
+    text = str(err)
+    for main, sub in SUB_ENDPOINT_WORDS:
+        text = text.replace(main, sub)
+    new = copy.copy(err)
+    new.args = (text,)
+    return new
 
 
 #: Names of the environment variables whose values are keys, for :func:`provider_secrets`.
@@ -170,9 +211,11 @@ class SDKClient:
         if clean == msg:
             return err
         try:
-            return type(err)(clean)
+            new = type(err)(clean)
         except TypeError:
             return self._redactor.exception(err)
+        new.__dict__.update(vars(err))  # its attributes (a window, the unusable mark) stay
+        return new
 
     def _border(self, call):
         """Run ``call()`` (one HTTP attempt) and return its reply's JSON with the keys taken

@@ -87,9 +87,11 @@ class Redactor:
         return True
 
 
-#: How an endpoint failure's text (rlm.models.transport, rlm.models.retry) begins: the text of
-#: a run recorded as failed that way is the upstream's, never a client's to read.
-_ENDPOINT_TEXT = re.compile(r"model (?:endpoint|call to) |the llama\.cpp server|embedded server")
+#: How an endpoint failure's text (rlm.models.transport, rlm.models.retry) begins, the run's
+#: endpoint's or the sub-call endpoint's (``sub_base_url``): the text of a run recorded as failed
+#: that way is the upstream's, never a client's to read.
+_ENDPOINT_TEXT = re.compile(r"model (?:endpoint|call to) |sub-call endpoint |"
+                            r"the llama\.cpp server|embedded server")
 _HTTP_STATUS = re.compile(r"\banswered HTTP (\d{3})\b")
 #: An upstream error's type or code, as relayed: a short identifier, nothing else.
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}")

@@ -191,10 +191,13 @@ async def _crash(request, exc):
 
 def _redactor(options: dict, api_key: str | None) -> Redactor:
     """The :class:`Redactor` of a server with run ``options`` and client key ``api_key``: its
-    upstream key and URL as the options give them or as the provider's variables do."""
-    urls, keys = [options.get("base_url")], [options.get("api_key"), api_key]
+    upstream key and URL as the options give them or as the provider's variables do, and the
+    sub-call endpoint's (``sub_base_url``, ``$RLM_SUB_API_KEY``)."""
+    from rlm.config.endpoint import SUB_KEY_ENV, external_endpoint
+    urls = [options.get("base_url"), options.get("sub_base_url")]
+    keys = [options.get("api_key"), options.get("sub_api_key"), api_key,
+            os.environ.get(SUB_KEY_ENV)]
     try:
-        from rlm.config.endpoint import external_endpoint
         endpoint = external_endpoint(options)
     except Exception:  # noqa: BLE001 - no model name yet: the run says so, not this
         endpoint = None

@@ -2,11 +2,12 @@
 
 A trainer hands :class:`Environment` a *sample* (an :class:`rlm.evaluation.tasks.Sample`, or
 the ``(task, length, seed, index)`` that makes one) and a :class:`Policy` (the endpoint the
-policy model is served on). :meth:`Environment.reset` says what the root model reads first;
-:meth:`Environment.rollout` runs the RLM on the sample and scores its answer with the eval
-task's own scorer (``sample.score``: RULER's metrics, with their partial credit where the
-metric has it), exactly as ``rlm eval`` scores a trial: a run that did not complete scores
-0.0. The :class:`Rollout` carries the run id and the journal, so any rollout can be replayed
+policy model is served on, and where its sub-calls go: the same endpoint, or a separate one).
+:meth:`Environment.reset` says what the root model reads first; :meth:`Environment.rollout`
+runs the RLM on the sample and scores its answer with the eval task's own scorer
+(``sample.score``: RULER's metrics, with their partial credit where the metric has it),
+exactly as ``rlm eval`` scores a trial: a run that did not complete scores 0.0. The
+:class:`Rollout` carries the run id and the journal, so any rollout can be replayed
 with no model call (``rlm replay RUN_ID --journal PATH``) to audit its reward.
 
 The sample's context is written once to a file named by its sha256 in the environment's
@@ -34,15 +35,20 @@ __all__ = ["Policy", "Episode", "Rollout", "Environment", "rollout_in_worker"]
 
 @dataclass(frozen=True)
 class Policy:
-    """Where the policy model is served.
+    """Where the policy model is served, and where its sub-calls go.
 
     Attributes:
         base_url: its OpenAI-compatible endpoint (a trainer's inference server, e.g. vLLM);
             None: the embedded model (``embedded_model``).
         model: the model name the endpoint serves; api_key: its key (never journaled, never
             in a kernel's reach).
-        sub_model: the model ``llm_query`` and depth-limit fallbacks call on the same
-            endpoint (None: ``model``, so sub-calls are the policy's too).
+        sub_model: the model ``llm_query``, ``llm_query_batched`` and depth-limit fallbacks
+            call (None: ``model``, so sub-calls are the policy's too).
+        sub_base_url: a separate OpenAI-compatible endpoint for those sub-calls (a fixed model
+            beside the policy's server), or None: the policy's endpoint. Children's turns
+            stay on ``base_url``. Needs ``base_url``.
+        sub_api_key: the key of ``sub_base_url`` (None: ``$RLM_SUB_API_KEY``, else none);
+            never journaled, never in a rollout's id, never in a kernel's reach.
         embedded_model: the embedded model's name when ``base_url`` is None.
     """
 
@@ -51,18 +57,31 @@ class Policy:
     api_key: str | None = field(default=None, repr=False)
     sub_model: str | None = None
     embedded_model: str | None = None
+    sub_base_url: str | None = None
+    sub_api_key: str | None = field(default=None, repr=False)
 
     def options(self) -> dict:
         """The :class:`rlm.RLM` endpoint keyword options of this policy."""
         if self.base_url is None:
-            return {"embedded_model": self.embedded_model} if self.embedded_model else {}
+            # sub_base_url alone is refused by the run (ConfigError), not dropped here
+            embedded = {"embedded_model": self.embedded_model} if self.embedded_model else {}
+            return {**embedded, **self._sub_options()}
         return {"base_url": self.base_url, "model": self.model, "api_key": self.api_key,
-                "sub_model": self.sub_model}
+                "sub_model": self.sub_model, **self._sub_options()}
+
+    def _sub_options(self) -> dict:
+        if self.sub_base_url is None and self.sub_api_key is None:
+            return {}
+        return {"sub_base_url": self.sub_base_url, "sub_api_key": self.sub_api_key}
 
     def identity(self) -> dict:
-        """What names the policy in a rollout's id (no key)."""
-        return {"base_url": self.base_url, "model": self.model, "sub_model": self.sub_model,
-                "embedded_model": self.embedded_model}
+        """What names the policy in a rollout's id (no key). ``sub_base_url`` only when set,
+        so the ids of rollouts without one stay what they were."""
+        ident = {"base_url": self.base_url, "model": self.model, "sub_model": self.sub_model,
+                 "embedded_model": self.embedded_model}
+        if self.sub_base_url is not None:
+            ident["sub_base_url"] = self.sub_base_url
+        return ident
 
 
 @dataclass

@@ -10,6 +10,9 @@ rollout's interception endpoint: it hands that endpoint and its token to
 :meth:`rlm.training.env.Environment.rollout` as the policy, so the root's turns and every
 sub-call (``sub_model`` on the same endpoint) are the policy's, recorded in the trace, while
 the code runs in our sandboxed kernels under the harness's caps and the run is journaled.
+With ``sub_base_url`` the sub-calls go to that endpoint instead (a fixed model beside the
+policy: they are journaled, not in the trace), its key read from the environment variable
+``sub_api_key_var`` names (``RLM_SUB_API_KEY``), never from a flag.
 The trace's ``info["rlm"]`` holds the rollout (run id, journal, answer, usage), and the
 task's reward is the eval task's own score of the answer.
 
@@ -19,6 +22,7 @@ what verifiers 0.4 pulls in with it.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -80,13 +84,17 @@ class RLMTaskset(vf.Taskset[RLMTask, RLMTasksetConfig]):
 
 
 class RLMHarnessConfig(vf.HarnessConfig):
-    """``--env.agent.harness.*``: the RLM's depth, profile and caps, how many rollouts run
-    at once in this process (``concurrency``), and where their journal goes."""
+    """``--env.agent.harness.*``: the RLM's depth, profile and caps, where its sub-calls go
+    (``sub_model``; ``sub_base_url``, whose key is in the variable ``sub_api_key_var``
+    names), how many rollouts run at once in this process (``concurrency``), and where their
+    journal goes."""
 
     id: str = "rlm-verifiers"
     max_depth: int = 1
     profile: str = "small"
     sub_model: str | None = None
+    sub_base_url: str | None = None
+    sub_api_key_var: str = "RLM_SUB_API_KEY"
     max_calls: int | None = 30
     max_tokens: int | None = 200_000
     max_iterations: int | None = None
@@ -127,9 +135,13 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
                      mcp_urls: dict, data: Any, tool_interception_url: str | None = None
                      ) -> ProgramResult:
         """One rollout: the RLM on the task's sample, its model calls through ``endpoint``
-        (bearer ``secret``) as ``ctx.model``; ``trace.info["rlm"]`` gets the rollout."""
+        (bearer ``secret``) as ``ctx.model``, its sub-calls there too or to ``sub_base_url``;
+        ``trace.info["rlm"]`` gets the rollout."""
+        c = self.config
         policy = Policy(base_url=endpoint, model=ctx.model, api_key=secret,
-                        sub_model=self.config.sub_model)
+                        sub_model=c.sub_model, sub_base_url=c.sub_base_url,
+                        sub_api_key=os.environ.get(c.sub_api_key_var) if c.sub_base_url
+                        else None)
         where = (data.task, data.length, data.seed, data.index)
         if self._slots is None:  # made in the event loop that runs the rollouts
             self._slots = asyncio.Semaphore(max(1, self.config.concurrency))

@@ -313,7 +313,8 @@ def _given(o):
         return int(o.min or 0) + 2
     if o.type is float:
         return 0.5 if o.name in ("temperature", "compact_at") else 3.5
-    return {"base_url": "http://h/v1", "system_template": "T {meta}", "prompt": "small",
+    return {"base_url": "http://h/v1", "sub_base_url": "http://s/v1",
+            "system_template": "T {meta}", "prompt": "small",
             "kernels": "root=local,children=gateway", "gateway_url": "http://gw:8888"}.get(o.name, f"v-{o.name}")
 
 
@@ -327,10 +328,11 @@ def test_every_stored_option_round_trips_through_the_journal_record(tmp_path):
     prices = tmp_path.resolve() / "prices.json"  # recorded as its absolute path
     prices.write_text('{"m": {"input": 1, "output": 2}}')
     given["price_file"] = str(prices)
-    kw = {**given, "api_key": "secret-key"}
+    kw = {**given, "api_key": "secret-key", "sub_api_key": "sub-secret-key"}
     opts = build_options(kw, reg.external_endpoint(kw))
+    assert opts.sub_api_key == "sub-secret-key" and "sub-secret" not in repr(opts)
     rec = _record(opts)
-    assert "secret-key" not in json.dumps(rec)
+    assert "secret-key" not in json.dumps(rec)  # neither key (the sub-call one ends the same)
     back = resume_options(rec)
     assert back == given
     validate_options(back)
@@ -346,8 +348,9 @@ def test_every_stored_option_round_trips_through_the_journal_record(tmp_path):
 
 def test_options_not_stored_stay_out_of_the_record(tmp_path):
     # tools: recorded as their specs, not as the value given (tests/tools/test_tools_spec.py)
+    # sub_api_key: refused without sub_base_url (tests/core/test_sub_endpoint.py)
     given = {o.name: _given(o) for o in OPTIONS
-             if not o.stored and o.name not in ("journal", "tools")}
+             if not o.stored and o.name not in ("journal", "tools", "sub_api_key")}
     opts = build_options(given, ENDPOINT)
     for o in OPTIONS:
         if o.to_options and o.name in given:  # every given value reaches the run

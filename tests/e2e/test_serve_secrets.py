@@ -239,3 +239,25 @@ def test_upstream_errors_of_either_provider_give_their_type_and_code_only():
                                           "attempt(s) (APIConnectionError); check that the "
                                           "server is running and --base-url is right"))
     assert unreachable.body["error"]["message"] == "the model endpoint failed: unreachable"
+
+
+def test_a_sub_call_endpoints_failure_is_told_in_the_servers_words_too(monkeypatch):
+    # sub_base_url: its failure reads "sub-call endpoint URL ...", raised or recorded; neither
+    # its text, nor its URL, nor its key (RLM_SUB_API_KEY) reaches a client
+    from rlm.errors import EndpointError
+    from rlm.result import Result
+    from rlm.serve.server import APIError, _check_result, _error_of, _public, _redactor
+    monkeypatch.setenv("RLM_SUB_API_KEY", "sub-secret-777")
+    reason = ("sub-call endpoint http://10.0.0.9:8001/v1 unreachable after 6 attempt(s) "
+              "(APIConnectionError); check that the server is running and --sub-base-url is "
+              "right")
+    assert _error_of(EndpointError(reason)).body["error"]["message"] == \
+        "the model endpoint failed: unreachable"
+    with pytest.raises(APIError) as e:
+        _check_result(Result(answer=None, status="failed", run_id="r", reason=reason))
+    assert "10.0.0.9" not in e.value.body["error"]["message"]
+    redactor = _redactor({"base_url": "http://10.0.0.7:8000/v1", "model": MODEL,
+                          "sub_base_url": "http://10.0.0.9:8001/v1"}, None)
+    leaked = APIError(500, "upstream said sub-secret-777 at http://10.0.0.9:8001/v1")
+    msg = _public(leaked, redactor).body["error"]["message"]
+    assert "sub-secret-777" not in msg and "10.0.0.9" not in msg, msg

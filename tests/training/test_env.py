@@ -111,6 +111,46 @@ def test_reset_group_ids_and_failed_rollouts(scripted, tmp_path, monkeypatch):
     assert r.reward == 0.0 and r.answer is None and r.status in ("error", "budget_exceeded"), r
 
 
+def test_subcalls_go_to_a_separate_endpoint_by_option(scripted, tmp_path, monkeypatch):
+    from conftest import closed_port, is_root
+    from rlm.training.env import Environment, Policy
+    from scripted_server import Reply
+    monkeypatch.syspath_prepend(str(TESTS / "evaluation"))
+    sub_key = "sub-endpoint-key-93"
+    # the policy's server answers loop turns only, the sub-call server sub-calls only
+    pol = scripted(lambda req: sweep_t.responder(req) if is_root(req)
+                   else Reply(status=400, content="a sub-call reached the policy"))
+    sub = scripted(lambda req: Reply(status=400, content="a turn reached the sub endpoint")
+                   if is_root(req) else sweep_t.responder(req))
+    same = Policy(base_url=pol.base_url, model=MODEL, api_key=API_KEY)
+    policy = Policy(base_url=pol.base_url, model=MODEL, api_key=API_KEY,
+                    sub_base_url=sub.base_url, sub_api_key=sub_key)
+    assert set(same.identity()) == {"base_url", "model", "sub_model", "embedded_model"}
+    assert sub_key not in repr(policy) and sub_key not in json.dumps(policy.identity())
+    with Environment(tmp_path / "env", max_depth=1, sample_factory=FACTORY) as env:
+        rollouts = env.rollouts(SAMPLES, policy, concurrency=2)
+        # the depth-1 rewards: hard's llm_query found its answer at the sub-call endpoint
+        assert [r.reward for r in rollouts] == [1.0, 1.0, 1.0, 1.0], rollouts
+        assert len(sub.requests) == 2 and sub.auth == [f"Bearer {sub_key}"] * 2
+        assert len(pol.requests) == 4 and set(pol.auth) == {f"Bearer {API_KEY}"}
+        hard = env.sample(SAMPLES[1])
+        assert env.run_id(hard, policy) != env.run_id(hard, same)
+        n, m = pol.count, sub.count
+        for r in rollouts:  # each replays with no request to either endpoint
+            assert env.replay(r).answer == r.answer
+        assert (pol.count, sub.count) == (n, m)
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "env").glob("journal.sqlite3*"))
+    assert sub.base_url.encode() in raw and sub_key.encode() not in raw
+    # the sub-call endpoint down: that rollout is an error naming it, reward 0, not an exception
+    down = Policy(base_url=pol.base_url, model=MODEL, api_key=API_KEY,
+                  sub_base_url=f"http://127.0.0.1:{closed_port()}/v1")
+    with Environment(tmp_path / "down", max_depth=1, sample_factory=FACTORY,
+                     caps={"max_attempts": 2}) as env:
+        r = env.rollout(SAMPLES[1], down)
+    assert r.reward == 0.0 and r.status == "error", r
+    assert "sub-call endpoint" in r.error and "unreachable" in r.error, r.error
+
+
 from test_eval_sweep import ray_head  # noqa: E402,F401  (the fixture: a real Ray head)
 
 
