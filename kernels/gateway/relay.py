@@ -73,6 +73,7 @@ def _serve(conn: socket.socket, kernel_pid: int) -> None:
         if not _descends(conn, kernel_pid):
             _send(conn, reply_error(encode_error(
                 ErrorKind.SUBCALL_ERROR, "only a process this kernel started may use its relay")))
+            _drain(conn)
             return
         while True:
             head = _read(conn, _HEADER.size)
@@ -93,6 +94,22 @@ def _serve(conn: socket.socket, kernel_pid: int) -> None:
                 reply = reply_error(encode_error(ErrorKind.SUBCALL_ERROR, str(exc)))
             if not _send(conn, reply):
                 return
+
+
+def _drain(conn: socket.socket, limit: int = 1 << 16, seconds: float = 2.0) -> None:
+    """Read and drop what a refused peer sends (at most ``limit`` bytes, ``seconds`` s) before
+    closing: closed at once, its frame still being written would fail with a broken pipe
+    instead of reaching the refusal it can read."""
+    conn.settimeout(seconds)
+    got = 0
+    while got < limit:
+        try:
+            chunk = conn.recv(min(limit - got, 1 << 14))
+        except OSError:
+            return
+        if not chunk:
+            return
+        got += len(chunk)
 
 
 def _read(conn: socket.socket, n: int) -> bytes | None:

@@ -49,6 +49,8 @@ def test_a_forked_child_a_subprocess_and_the_relay_refuses_the_kernel_itself(bou
         "from kernels.gateway import relay\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(relay.start())\n"
         "body = json.dumps({'token': 'x', 'op': 'llm_query', 'args': {'prompt': 'no'}}).encode()\n"
+        # written after the relay has refused it (the refusal waits to be read)
+        "import time; time.sleep(0.3)\n"
         "s.sendall(struct.pack('>I', len(body)) + body)\n"
         "n = struct.unpack('>I', s.recv(4))[0]; print(json.loads(s.recv(n))['error'])",
         timeout=60)
