@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from typing import Any
 
 import verifiers.v1 as vf
@@ -32,6 +33,17 @@ from verifiers.v1.runtimes import ProgramResult
 from rlm.training.env import Environment, Policy
 
 __all__ = ["RLMTaskset", "RLMHarness"]
+
+# The places of the rollouts running at once, per event loop and setting: verifiers loads a
+# harness object per episode, so a semaphore of one object would bound nothing.
+_SLOTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _slots(concurrency: int) -> asyncio.Semaphore:
+    """The semaphore of ``concurrency`` places shared by every harness in the running loop."""
+    per_loop = _SLOTS.setdefault(asyncio.get_running_loop(), {})
+    return per_loop.setdefault(concurrency, asyncio.Semaphore(concurrency))
 
 
 class RLMTaskData(vf.TaskData):
@@ -116,7 +128,6 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
         super().__init__(config)
         self._env: Environment | None = None
         self._lock = threading.Lock()
-        self._slots: asyncio.Semaphore | None = None
 
     def environment(self) -> Environment:
         """The :class:`Environment` of this harness's settings (made once)."""
@@ -143,9 +154,9 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
                         sub_api_key=os.environ.get(c.sub_api_key_var) if c.sub_base_url
                         else None)
         where = (data.task, data.length, data.seed, data.index)
-        if self._slots is None:  # made in the event loop that runs the rollouts
-            self._slots = asyncio.Semaphore(max(1, self.config.concurrency))
-        async with self._slots:  # vf-eval runs up to 128 at once: each RLM run has kernels
+        # vf-eval runs up to 128 episodes at once, each with a harness of its own, and each
+        # RLM run has kernels: at most `concurrency` of them run in this process
+        async with _slots(max(1, self.config.concurrency)):
             rollout = await asyncio.to_thread(self.environment().rollout, where, policy,
                                               tag=str(trace.id))
         trace.info["rlm"] = rollout.to_dict()

@@ -44,6 +44,7 @@ def test_vf_eval_rewards_match_rlm_eval_and_rollouts_replay_free(scripted, tmp_p
          "--env.taskset.sample-factory", FACTORY, "--env.agent.harness.id", "rlm-verifiers",
          "--env.agent.harness.sample-factory", FACTORY, "--env.agent.harness.max-depth", "0",
          "--env.agent.harness.directory", str(tmp_path / "rollouts"),
+         "--env.agent.harness.concurrency", "1",
          "--env.agent.runtime.type", "subprocess", "--no-push", "--no-rich",
          "-o", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
         timeout=300)
@@ -57,13 +58,24 @@ def test_vf_eval_rewards_match_rlm_eval_and_rollouts_replay_free(scripted, tmp_p
                                               trace["info"]["rlm"], len(trace["calls"]))
     assert sorted(got) == ["easy|1024|0|0", "easy|1024|0|1", "hard|1024|0|0", "hard|1024|0|1"]
     sent = srv.count
+    # one rollout at a time, as set, although verifiers loads a harness per episode
+    import sqlite3
+    spans = []
+    for _, rollout, _ in got.values():
+        with sqlite3.connect(rollout["journal"]) as db:
+            spans += db.execute("SELECT created_at, finished_at FROM runs WHERE run_id = ?",
+                                (rollout["run_id"],)).fetchall()
+    spans.sort()
+    assert len(spans) == 4
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
     os.environ["RLM_VF_TEST_KEY"] = API_KEY
     for key, (reward, rollout, calls) in got.items():
         task, length, seed, index = key.split("|")
         spec = TrialSpec(task, int(length), int(seed), int(index), "rlm", 0, "small", MODEL,
                          base_url=srv.base_url, api_key_env="RLM_VF_TEST_KEY",
                          journal=str(tmp_path / "eval.sqlite3"), sample_factory=FACTORY)
-        want = run_trial(spec, make_sample=sweep_t.make_sample)["score"]
+        rec = run_trial(spec, make_sample=sweep_t.make_sample)
+        want = rec["score"]
         assert reward == rollout["reward"] == want == (1.0 if task == "easy" else 0.0), key
         assert calls == rollout["usage"]["calls"]  # every call went through verifiers
     sent_by_eval = srv.count - sent
