@@ -86,3 +86,48 @@ def test_vf_eval_rewards_match_rlm_eval_and_rollouts_replay_free(scripted, tmp_p
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["answer"] == rollout["answer"]
     assert srv.count == sent + sent_by_eval  # the replays sent nothing
+
+
+def test_vf_eval_sends_sub_calls_to_the_harness_sub_endpoint(scripted, tmp_path):
+    """``--env.agent.harness.sub-base-url``: each rollout's root turns go through verifiers'
+    interception endpoint to the policy's server, its ``llm_query`` to the other server with
+    the key the named variable holds; the sub-call is journaled, not in the trace, and that
+    key is nowhere in the journal."""
+    policy = scripted(sweep_t.responder)
+    sub = scripted(sweep_t.responder)
+    sub_key = "sk-sub-endpoint-key-0123456789"
+    env = clean_env(RLM_VF_TEST_KEY=API_KEY, RLM_VF_SUB_KEY=sub_key)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS / "evaluation"), str(TESTS)])
+    journal = tmp_path / "rollouts.sqlite3"
+    p = subprocess.run(
+        [str(Path(sys.executable).parent / "vf-eval"), "rlm-verifiers", "-m", MODEL,
+         "--client.base-url", policy.base_url, "--client.api-key-var", "RLM_VF_TEST_KEY",
+         "--env.taskset.tasks", '["hard"]', "--env.taskset.lengths", "[1024]",
+         "--env.taskset.n", "2", "--env.taskset.sample-factory", FACTORY,
+         "--env.agent.harness.id", "rlm-verifiers", "--env.agent.harness.sample-factory", FACTORY,
+         "--env.agent.harness.max-depth", "1",
+         "--env.agent.harness.sub-base-url", sub.base_url,
+         "--env.agent.harness.sub-api-key-var", "RLM_VF_SUB_KEY",
+         "--env.agent.harness.directory", str(tmp_path / "rollouts"),
+         "--env.agent.harness.journal", str(journal),
+         "--env.agent.runtime.type", "subprocess", "--no-push", "--no-rich",
+         "-o", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    [traces] = list((tmp_path / "out").glob("*/traces.jsonl"))
+    rewards, trace_calls = [], 0
+    for line in traces.read_text().splitlines():
+        [trace] = json.loads(line)["traces"]
+        rewards.append(trace["rewards"]["task_score"]["score"])
+        trace_calls += len(trace["calls"])
+        assert trace["info"]["rlm"]["usage"]["calls"] == 2  # the root turn and its sub-call
+    assert rewards == [1.0, 1.0]  # the sub endpoint's reply is the answer
+    assert trace_calls == 2  # only the root turns went through verifiers
+    assert all(m[0]["role"] == "system" for m in (r["messages"] for r in policy.requests))
+    assert len(sub.requests) == 2
+    assert all(r["messages"][-1]["content"].startswith("SUB[") for r in sub.requests)
+    assert sub.auth == [f"Bearer {sub_key}"] * 2
+    assert sub_key not in p.stdout + p.stderr
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert sub_key.encode() not in f.read_bytes(), f
