@@ -3,7 +3,7 @@
 Run with this project's virtual environment, naming a ``vf-eval`` from an environment that has
 verifiers 0.4 (the ``[train]`` extra, installed on its own: docs/training.md)::
 
-    .venv/bin/python -m evals.vf_embedded --vf-eval /path/to/vf-venv/bin/vf-eval \
+    .venv/bin/python -m evals.vf_embedded --vf-eval ~/.cache/rlm/vf-venv/bin/vf-eval \
         [--task niah_single_1] [--length 4096] [--n 3] [--seed 2] [--depth 1] [--out DIR]
 
 What it does, in order:
