@@ -22,17 +22,20 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             an open :class:`harness.journal.Journal`, returned as it is.
         must_exist: for commands that only read (``runs``, ``show``, ``verify``...): a journal
             file named by ``spec`` or ``$RLM_JOURNAL`` must exist (a typo would otherwise
-            create an empty journal there and report it clean); one this process may not
-            write is opened read-only.
+            create an empty journal there and report it clean), and not be an empty file
+            (it is refused, not given a schema); one this process may not write is opened
+            read-only.
         reads_only: the caller only reads (``rlm view``, ``--watch``, ``--follow``): an
-            existing journal this process may not write is opened read-only.
+            existing journal this process may not write is opened read-only, and an empty file
+            is refused (as with ``must_exist``).
         durability: ``"process"`` or ``"power"`` (see
             :func:`harness.journal.store.durability_level`); None: ``$RLM_JOURNAL_DURABILITY``,
             else ``"process"``.
     Returns:
         a :class:`harness.journal.Journal`, or None when ``spec`` is False.
     Raises:
-        ConfigError: the journal cannot be opened or created (bad path, newer schema, ...).
+        ConfigError: the journal cannot be opened or created (bad path, newer schema, ...); with
+            ``must_exist``, no such file; with it or ``reads_only``, an empty file.
     """
     if spec is False:
         return None
@@ -46,6 +49,14 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             and not Path(named).expanduser().exists():
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
                           "creates it")
+    if (must_exist or reads_only) and "://" not in str(named):
+        from harness.journal import default_journal_path
+        local = Path(named).expanduser() if named is not None else default_journal_path()
+        if local.is_file() and local.stat().st_size == 0:
+            # opening it would write a journal's schema into it: a command that only reads
+            # leaves the file as it found it
+            raise ConfigError(f"{local} is an empty file, not an rlm journal (it was left as "
+                              "it is): check --journal (or RLM_JOURNAL); a run creates one")
     kwargs: dict[str, Any] = {"durability": durability} if durability else {}
     if (must_exist or reads_only) and "://" not in str(named):
         # a journal file this process may not write (another user's, a read-only mount) is

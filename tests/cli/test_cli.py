@@ -272,6 +272,19 @@ def test_replay_and_resume_do_not_create_a_missing_journal(cli, tmp_path, comman
     assert not missing.exists() and not missing.parent.exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["runs"], ["show", "r"], ["verify", "--all"], ["export", "r"], ["replay", "r"],
+    ["resume", "r"], ["view", "r"], ["export", "--format", "chat", "r", "-o", "out.jsonl"]])
+def test_a_command_that_reads_leaves_an_empty_journal_file_as_it_is(cli, tmp_path, command):
+    empty = tmp_path / "empty.sqlite3"
+    empty.write_bytes(b"")
+    res = cli(*command, "--journal", str(empty))
+    assert_clean_error(res, 2, "empty file", str(empty))
+    assert empty.read_bytes() == b""
+    assert not list(tmp_path.glob("empty.sqlite3-*"))  # no -wal or -shm beside it
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
     srv = scripted(script([repl("FINAL(len(context))")]))
     assert cli("run", "--context", str(ctx_file), "--query", "q", "--run-id", "div-1",
