@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                  "environment of its own (pip install 'rlm-kernels[train]'; docs/training.md)")
     out = Path(args.out or tempfile.mkdtemp(prefix="rlm-vf-embedded-")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    print(f"working directory: {out} (the rollouts' journal, vf-eval's traces)", flush=True)
     from rlm.models.embedded.server import EmbeddedServer
     server = EmbeddedServer()
     server.start()

@@ -80,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="also runs that did not complete (their completed calls)")
     prof = ex.add_argument_group("--format profile: a prompt profile whose worked examples "
                                  "solved the sweep's training split (--sweep, filters as above)")
-    prof.add_argument("--examples", type=int, default=2, metavar="N",
+    prof.add_argument("--examples", type=int, default=None, metavar="N",
                       help="worked examples to take, 1..10 (default 2): shortest correct "
                       "program per task, skipping programs like one already taken")
     prof.add_argument("--base-profile", choices=("small", "small-count", "general"),
@@ -102,8 +102,28 @@ def one_run_id(args, what: str) -> str:
     return ids[0]
 
 
-_CHAT_ONLY = ("sweep", "per", "level", "kind", "correct_only", "min_score", "task", "method",
-              "depth", "profile", "model", "include_unfinished", "base_profile")
+_FILTERS = ("sweep", "correct_only", "min_score", "task", "method", "depth", "profile", "model",
+            "include_unfinished")
+#: The flags each format takes; one given to another format is refused, never ignored.
+FLAGS_OF = {"journal": (),
+            "chat": _FILTERS + ("per", "level", "kind"),
+            "profile": _FILTERS + ("examples", "base_profile")}
+
+
+def _check_flags(args) -> None:
+    """Refuse a flag the chosen ``--format`` does not take.
+
+    Raises:
+        ConfigError: names the flags and the formats that take them."""
+    from rlm.errors import ConfigError
+    every = dict.fromkeys(FLAGS_OF["chat"] + FLAGS_OF["profile"])
+    given = [k for k in every if k not in FLAGS_OF[args.format]
+             and getattr(args, k, None) not in (None, False, [], "call")]
+    if given:
+        names = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        takers = sorted({f for k in given for f, flags in FLAGS_OF.items() if k in flags})
+        raise ConfigError(f"{names} {'is' if len(given) == 1 else 'are'} not for --format "
+                          f"{args.format}: only for --format {' or '.join(takers)}")
 
 
 def cmd_export(args) -> int:
@@ -113,15 +133,12 @@ def cmd_export(args) -> int:
         ConfigError: bad arguments, a run or sweep that does not exist, filters that match
             nothing, an existing output without --overwrite (nothing is written then).
     """
+    _check_flags(args)
     if args.format == "chat":
         return _chat(args)
     if args.format == "profile":
         return _profile(args)
     from rlm.errors import ConfigError
-    given = [f"--{k.replace('_', '-')}" for k in _CHAT_ONLY
-             if getattr(args, k) not in (None, False, [], "call")]
-    if given:
-        raise ConfigError(f"{', '.join(given)} belong to --format chat or profile")
     run_id = one_run_id(args, "--format journal")
     from rlm.config.records import open_journal
     from rlm.training.export import _check_output
@@ -170,7 +187,8 @@ def _profile(args) -> int:
     if not args.output:
         raise ConfigError("--format profile writes a template file: give -o FILE")
     out, chosen = export_profile(sweep=args.sweep, journal=args.journal or None,
-                                 filters=_filters(args), examples=args.examples,
+                                 filters=_filters(args),
+                                 examples=2 if args.examples is None else args.examples,
                                  base=args.base_profile, output=Path(args.output),
                                  overwrite=args.overwrite)
     for c in chosen:

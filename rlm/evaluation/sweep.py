@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -105,6 +106,17 @@ class Grid:
         for k in ("journal", "api_key_env", "price_file", "embedded_threads", "embedded_slots"):
             d.pop(k)
         return d
+
+
+def journal_record(journal: str | None) -> str | None:
+    """How ``sweep.json`` names a sweep's journal: a file as its absolute path, a PostgreSQL
+    URL without its password (never written to disk; libpq finds it in ``PGPASSWORD`` or
+    ``~/.pgpass``), None as None."""
+    if journal is None:
+        return None
+    if "://" in journal:
+        return re.sub(r"^(postgres(?:ql)?://[^:/@]*):[^@]*@", r"\1@", journal)
+    return str(Path(journal).expanduser().resolve())
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -385,7 +397,9 @@ class Sweep:
                         f"{', '.join(diff)}); pass --force to add these trials to its results, "
                         "or pick another --out")
                 earlier.append(before)
-        doc = {"grid": now, "earlier": earlier}
+        # where the trials' runs are, for `rlm export --sweep` (outside the grid: moving the
+        # journal does not change what a trial is)
+        doc = {"grid": now, "journal": journal_record(self.grid.journal), "earlier": earlier}
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)

@@ -147,14 +147,19 @@ class Environment:
         sample_factory: ``"module:function"`` making samples from ``(task, length, seed,
             index)``, as ``rlm eval --sample-factory`` (None: the built-in tasks).
     Raises:
-        ConfigError: bad options (when a rollout builds them).
+        ConfigError: ``directory`` cannot be made (a file in the way, no permission); bad
+            options (when a rollout builds them).
     """
 
     def __init__(self, directory: str | Path, *, journal: str | None = None,
                  max_depth: int = 1, profile: str = "small", caps: dict | None = None,
                  sample_factory: str | None = None) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission, a full disk
+            raise ConfigError(f"cannot use {self.directory} as the rollouts' directory: "
+                              f"{exc.strerror or exc}") from None
         self.journal = journal or str((self.directory / "journal.sqlite3").resolve())
         self.max_depth, self.profile = max_depth, profile
         self.caps = dict(caps or {})
@@ -170,9 +175,17 @@ class Environment:
             ConfigError: the factory cannot make it, or it is not a sample.
         """
         if isinstance(sample, (tuple, list)):
+            if len(sample) != 4:
+                raise ConfigError(f"a sample's coordinates are (task, length, seed, index), got "
+                                  f"{len(sample)} value(s): {tuple(sample)!r:.200}")
             from rlm.evaluation.trial import checked_sample, load_sample_factory
             return checked_sample(load_sample_factory(self.sample_factory), tuple(sample),
                                   self.sample_factory)
+        missing = [a for a in ("context", "query", "score") if not hasattr(sample, a)]
+        if missing:
+            raise ConfigError(f"not a sample: {type(sample).__name__} {sample!r:.100} has no "
+                              f"{', '.join(missing)}; give an rlm.evaluation.tasks.Sample or "
+                              "its (task, length, seed, index)")
         return sample
 
     @staticmethod
@@ -288,16 +301,20 @@ class Environment:
         attempt by attempt).
 
         Raises:
-            ConfigError: bad sample or options (raised before or while the batch runs), or
-                Ray missing or unreachable.
+            ConfigError: ``group`` or ``concurrency`` not a whole number of at least 1; bad
+                sample or options (raised before or while the batch runs), or Ray missing or
+                unreachable.
         """
+        for name, value in (("group", group), ("concurrency", concurrency)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
         if ray_address is not None:
             from rlm.training.ray_rollouts import rollouts_on_ray
             jobs = [(s, a) for s in samples for a in range(group)]
             return rollouts_on_ray(rollout_in_worker, self.settings(), jobs, policy or Policy(),
                                    tag, ray_address)
         jobs = [(s, a) for s in (self.sample(x) for x in samples) for a in range(group)]
-        with ThreadPoolExecutor(max_workers=max(1, concurrency),
+        with ThreadPoolExecutor(max_workers=concurrency,
                                 thread_name_prefix="rlm-rollout") as pool:
             futures = [pool.submit(self.rollout, s, policy, tag=tag, attempt=a)
                        for s, a in jobs]

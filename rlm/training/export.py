@@ -9,6 +9,7 @@ written when no example passes the filters, and an existing file is kept unless 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ from typing import Any
 
 from rlm.errors import ConfigError
 from rlm.training.chat import PER, dedupe, examples_of_run
-from rlm.training.sources import (Filters, check_not_older, run_sources, sweep_journal,
-                                  sweep_sources)
+from rlm.training.sources import (Filters, check_not_older, present_sources, run_sources,
+                                  sweep_journal, sweep_sources)
 
 __all__ = ["ChatExport", "export_chat", "key_redactor"]
+
+log = logging.getLogger("rlm.training")
 
 
 @dataclass
@@ -99,6 +102,7 @@ def export_chat(*, run_ids: list[str] | None = None, sweep: Path | None = None,
         sources = sweep_sources(sweep, filters)
         journal = journal if journal is not None else sweep_journal(sweep)
         j = _open_journal(journal)
+        sources = present_sources(j, sources, sweep)
     else:
         j = _open_journal(journal)
         sources = run_sources(j, list(run_ids or []), filters)
@@ -164,7 +168,12 @@ def export_profile(*, sweep: Path, journal: Any = None, filters: Filters | None 
     _check_output(output, overwrite)
     sources = sweep_sources(sweep, filters)
     j = _open_journal(journal if journal is not None else sweep_journal(sweep))
+    sources = present_sources(j, sources, sweep)
     chosen = choose_programs(j, sources, examples)
+    if len(chosen) < examples:
+        log.warning("%d worked example(s) taken of the %d asked: the others were too like one "
+                    "already taken, or there were no more correct programs", len(chosen),
+                    examples)
     if base is None:
         used = sorted({str(s.trial.get("profile")) for s in sources
                        if s.trial and s.trial.get("method") == "rlm"})

@@ -12,15 +12,19 @@ clear error instead of being migrated by an export (:func:`check_not_older`).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlm.errors import ConfigError
 
+log = logging.getLogger("rlm.training")
+
 __all__ = ["Source", "Filters", "sweep_sources", "run_sources", "sweep_journal",
-           "check_not_older", "identity_sha256"]
+           "present_sources", "check_not_older", "identity_sha256"]
 
 
 @dataclass(frozen=True)
@@ -110,11 +114,15 @@ def sweep_journal(sweep_dir: Path) -> str:
         raise ConfigError(f"no sweep directory {sweep_dir}: give the --out directory of an "
                           "`rlm eval` run (it holds trials.jsonl and its journal)")
     named = None
-    try:
-        named = (json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
-                 .get("grid") or {}).get("journal")
-    except (OSError, ValueError, AttributeError):
-        pass
+    doc_path = sweep_dir / SWEEP_FILE
+    if doc_path.exists():
+        try:
+            doc = json.loads(doc_path.read_text(encoding="utf-8"))
+            # "journal" since sweep.json named it; the grid's own field in older ones
+            named = doc.get("journal") or (doc.get("grid") or {}).get("journal")
+        except (OSError, ValueError, AttributeError) as exc:
+            print(f"rlm: warning: {doc_path} cannot be read ({type(exc).__name__}: {exc}); "
+                  f"looking for the journal at {sweep_dir / JOURNAL_FILE}", file=sys.stderr)
     if named and ("://" in named or Path(named).is_file()):
         return named
     local = sweep_dir / JOURNAL_FILE
@@ -180,6 +188,23 @@ def sweep_sources(sweep_dir: Path, f: Filters) -> list[Source]:
     return [Source(str(r["run_id"]), r) for r in records]
 
 
+def present_sources(journal: Any, sources: list[Source], sweep_dir: Path) -> list[Source]:
+    """The sweep's ``sources`` whose runs ``journal`` holds; those it does not are skipped
+    with a warning (logged).
+
+    Raises:
+        ConfigError: the journal holds none of them (the sweep's journal is elsewhere)."""
+    held = [s for s in sources if journal.get_run(s.run_id) is not None]
+    if not held:
+        raise ConfigError(f"none of the {len(sources)} run(s) of sweep {sweep_dir} is in "
+                          f"journal {journal.path} (e.g. {sources[0].run_id}): give the sweep's "
+                          "own journal with --journal PATH|URL; nothing was written")
+    if len(held) < len(sources):
+        log.warning("%d of the %d trial(s) chosen have no run in journal %s; they are skipped",
+                    len(sources) - len(held), len(sources), journal.path)
+    return held
+
+
 def _one(values: list | None) -> str:
     return " or ".join(str(v) for v in values or [])
 
@@ -219,4 +244,6 @@ def run_sources(journal: Any, run_ids: list[str], f: Filters) -> list[Source]:
     if not out:
         raise ConfigError("no run passes the filters: " + "; ".join(why) +
                           "; nothing was written")
+    for reason in why:  # a run named and left out is said, never dropped silently
+        log.warning("skipped: %s", reason)
     return out

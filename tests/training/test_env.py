@@ -10,6 +10,7 @@ eval`` scores for the same samples is computed by its own trial runner (``run_tr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,28 @@ def test_reset_group_ids_and_failed_rollouts(scripted, tmp_path, monkeypatch):
                      caps={"max_wall_seconds": 2}) as env:
         r = env.rollout(SAMPLES[0], down)
     assert r.reward == 0.0 and r.answer is None and r.status in ("error", "budget_exceeded"), r
+
+
+def test_bad_samples_counts_and_directories_are_config_errors(tmp_path, monkeypatch):
+    """Said as ConfigError before anything runs, never a bare Python exception."""
+    from rlm.errors import ConfigError
+    from rlm.training.env import Environment, Policy
+    monkeypatch.syspath_prepend(str(TESTS / "evaluation"))
+    policy = Policy(base_url="http://127.0.0.1:9/v1", model=MODEL, api_key=API_KEY)
+    with Environment(tmp_path / "env", sample_factory=FACTORY) as env:
+        for bad, needle in [(("easy", 1024), "(task, length, seed, index)"),
+                            (["easy", 1024, 0, 0, 9], "got 5 value(s)"),
+                            ("easy", "not a sample"), (42, "not a sample")]:
+            with pytest.raises(ConfigError, match=re.escape(needle)):
+                env.reset(bad, policy)
+        for kw in ({"group": 0}, {"concurrency": 0}, {"group": -2}, {"concurrency": 1.5},
+                   {"group": True}):
+            with pytest.raises(ConfigError, match="at least 1"):
+                env.rollouts(SAMPLES[:1], policy, **kw)
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("x")
+    with pytest.raises(ConfigError, match="cannot use .*a-file"):
+        Environment(in_the_way)
 
 
 def test_subcalls_go_to_a_separate_endpoint_by_option(scripted, tmp_path, monkeypatch):

@@ -308,3 +308,64 @@ def test_a_profile_bootstrapped_from_the_right_trials_runs(sweep, tmp_path, scri
                        2, "--sweep")
     assert_clean_error(rlm(["export", "--format", "profile", "--sweep", str(out),
                             "-o", str(target)]), 2, "exists")
+
+
+def test_a_sweep_finds_its_journal_where_sweep_json_names_it(sweep, tmp_path):
+    """A sweep whose journal is not in its directory (``rlm eval --journal PATH``): the export
+    finds it through ``sweep.json``; a journal holding none of its runs is said to, and a
+    damaged ``sweep.json`` is warned about, not ignored."""
+    out, records, _ = sweep
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("trials.jsonl", "sweep.json"):
+        shutil.copy(out / name, moved / name)
+    assert json.loads((moved / "sweep.json").read_text())["journal"] == str(
+        (out / "journal.sqlite3").resolve())
+    target = tmp_path / "t.jsonl"
+    res = rlm_process(["export", "--format", "chat", "--sweep", str(moved), "--correct-only",
+                       "-o", str(target)])
+    assert res.rc == 0, res.stderr
+    assert len(read(target)) > 0
+    # another journal, holding none of the sweep's runs: said so, nothing written
+    from harness.journal import Journal
+    other = tmp_path / "other.sqlite3"
+    with Journal(other) as j:
+        j.create_run("unrelated", query="q", model="m")
+    for fmt in (["--format", "chat"], ["--format", "profile"]):
+        res = rlm_process(["export", *fmt, "--sweep", str(moved), "--journal", str(other),
+                           "-o", str(tmp_path / "x.out")])
+        assert_clean_error(res, 2, "none of the", "is in journal", "--journal")
+        assert not (tmp_path / "x.out").exists()
+    # a damaged sweep.json: warned about, then DIR/journal.sqlite3 (there is none here)
+    (moved / "sweep.json").write_text("{{{")
+    res = rlm_process(["export", "--format", "chat", "--sweep", str(moved), "-o",
+                       str(tmp_path / "y.jsonl")])
+    assert "sweep.json cannot be read" in res.stderr
+    assert_clean_error(res, 2, "has no journal")
+
+
+def test_a_flag_another_format_takes_is_refused(sweep, tmp_path):
+    out, records, _ = sweep
+    env = clean_env(RLM_JOURNAL=str(out / "journal.sqlite3"))
+    run_id = records[0]["run_id"]
+    cases = [(["export", run_id, "--level", "0"], "--level is not for --format journal",
+              "chat"),
+             (["export", run_id, "--examples", "3"], "--examples is not for --format journal",
+              "profile"),
+             (["export", "--format", "chat", run_id, "--examples", "3", "--base-profile",
+               "general"], "--examples, --base-profile are not for --format chat", "profile"),
+             (["export", "--format", "profile", "--sweep", str(out), "--level", "1", "--per",
+               "conversation"], "--per, --level are not for --format profile", "chat")]
+    for args, *needles in cases:
+        assert_clean_error(rlm(args + ["-o", str(tmp_path / "f.out")], env), 2, *needles)
+        assert not (tmp_path / "f.out").exists()
+
+
+def test_a_named_run_left_out_by_a_filter_is_said(sweep, tmp_path):
+    out, records, _ = sweep
+    env = sweep_t.env_with_factory(out / "journal.sqlite3")
+    by_depth = {r["depth"]: r["run_id"] for r in records if r["method"] == "rlm"}
+    res = rlm_process(["export", "--format", "chat", by_depth[0], by_depth[1], "--depth", "1",
+                       "-o", str(tmp_path / "d.jsonl")], env)
+    assert res.rc == 0, res.stderr
+    assert f"skipped: run {by_depth[0]} has depth 0" in res.stderr
