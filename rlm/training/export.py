@@ -116,7 +116,8 @@ def export_chat(*, run_ids: list[str] | None = None, sweep: Path | None = None,
         what = [f"at level {' or '.join(map(str, levels))}" if levels else "",
                 f"of kind {' or '.join(kinds)}" if kinds else ""]
         raise ConfigError(f"the {len(sources)} run(s) chosen hold no completed model call "
-                          f"{' '.join(w for w in what if w) or 'with a reply'}; "
+                          f"{' '.join(w for w in what if w) or 'with a reply'}"
+                          f"{_what_there_is(j, sources) if levels or kinds else ''}; "
                           "nothing was written")
     text = "".join(json.dumps(ex, ensure_ascii=False, separators=(",", ":")) + "\n"
                    for ex in kept)
@@ -125,6 +126,17 @@ def export_chat(*, run_ids: list[str] | None = None, sweep: Path | None = None,
     else:
         _write_whole(output, text)
     return ChatExport(len(kept), dropped, len(sources), output)
+
+
+def _what_there_is(journal: Any, sources: list) -> str:
+    """`` (their calls: level 0 turn, level 1 llm_query)``: the levels and kinds the runs'
+    completed calls have, for a filter that left none ('' when they have none at all)."""
+    from rlm.training.chat import call_facts
+    seen = sorted({(c["level"], c["kind"]) for src in sources
+                   for c in call_facts(journal.stages(src.run_id),
+                                       journal.model_calls(src.run_id))})
+    return (" (their calls: " + ", ".join(f"level {lv} {kind}" for lv, kind in seen) + ")"
+            if seen else "")
 
 
 def _write_whole(path: Path, text: str) -> None:

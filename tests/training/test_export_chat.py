@@ -212,7 +212,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(sweep, tmp_path):
     refused(chat + ["--sweep", str(out), "--profile", "general", "-o", str(target)],
             "profile general")
     refused(chat + ["--sweep", str(out), "--correct-only", "--level", "3", "-o", str(target)],
-            "no completed model call at level 3")
+            "no completed model call at level 3", "their calls: level 0 plain, level 0 turn, level 1 llm_query")
     env = clean_env(RLM_JOURNAL=str(out / "journal.sqlite3"))
     refused(chat + ["eval-nosuchrun", "-o", str(target)], "no run 'eval-nosuchrun'", env=env)
     refused(chat + [records[0]["run_id"], "--correct-only", "-o", str(target)],
