@@ -25,11 +25,15 @@ import asyncio
 import os
 import threading
 import weakref
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import verifiers.v1 as vf
+from pydantic import Field, field_validator
 from verifiers.v1.runtimes import ProgramResult
 
+from rlm.config.options import MAX_DEPTH_LIMIT
+from rlm.prompting.prompts import PROFILES
 from rlm.training.env import Environment, Policy
 
 __all__ = ["RLMTaskset", "RLMHarness"]
@@ -101,20 +105,31 @@ class RLMHarnessConfig(vf.HarnessConfig):
     names), how many rollouts run at once in this process (``concurrency``), and where their
     journal goes."""
 
+    # checked when vf-eval reads its flags, so a bad setting stops it before any rollout
+    # (not as an error in every trace)
     id: str = "rlm-verifiers"
-    max_depth: int = 1
+    max_depth: Annotated[int, Field(ge=0, le=MAX_DEPTH_LIMIT)] = 1
     profile: str = "small"
     sub_model: str | None = None
     sub_base_url: str | None = None
     sub_api_key_var: str = "RLM_SUB_API_KEY"
-    max_calls: int | None = 30
-    max_tokens: int | None = 200_000
-    max_iterations: int | None = None
-    max_wall_seconds: float | None = 600.0
-    concurrency: int = 4
+    max_calls: Annotated[int, Field(ge=1)] | None = 30
+    max_tokens: Annotated[int, Field(ge=1)] | None = 200_000
+    max_iterations: Annotated[int, Field(ge=1)] | None = None
+    max_wall_seconds: Annotated[float, Field(gt=0)] | None = 600.0
+    concurrency: Annotated[int, Field(ge=1)] = 4
     directory: str = "rlm-rollouts"
     journal: str | None = None
     sample_factory: str | None = None
+
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value not in PROFILES and not Path(value).expanduser().is_file():
+            raise ValueError(f"{value!r} is neither a built-in profile ({', '.join(PROFILES)}) "
+                             "nor a prompt file")
+        return value
 
 
 class RLMHarness(vf.Harness[RLMHarnessConfig]):

@@ -131,3 +131,24 @@ def test_vf_eval_sends_sub_calls_to_the_harness_sub_endpoint(scripted, tmp_path)
     for f in tmp_path.rglob("*"):
         if f.is_file():
             assert sub_key.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("profile", "nosuch", "neither a built-in profile"),
+    ("max-depth", "-1", "greater than or equal to 0"),
+    ("concurrency", "0", "greater than or equal to 1"),
+    ("max-wall-seconds", "0", "greater than 0")])
+def test_a_bad_harness_setting_stops_vf_eval_before_any_rollout(tmp_path, flag, value, needle):
+    env = clean_env(RLM_VF_TEST_KEY=API_KEY)
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.run(
+        [str(Path(sys.executable).parent / "vf-eval"), "rlm-verifiers", "-m", MODEL,
+         "--client.base-url", "http://127.0.0.1:9/v1", "--client.api-key-var", "RLM_VF_TEST_KEY",
+         "--env.agent.harness.id", "rlm-verifiers", f"--env.agent.harness.{flag}", value,
+         "--env.agent.harness.directory", str(tmp_path / "rollouts"), "--env.taskset.n", "1",
+         "--env.agent.runtime.type", "subprocess", "--no-push", "--no-rich",
+         "-o", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=120)
+    assert p.returncode != 0
+    assert needle in " ".join((p.stdout + p.stderr).split()), p.stderr[-2000:]
+    assert not (tmp_path / "rollouts").exists()
