@@ -283,6 +283,7 @@ def test_a_command_that_reads_leaves_an_empty_journal_file_as_it_is(cli, tmp_pat
     assert empty.read_bytes() == b""
     assert not list(tmp_path.glob("empty.sqlite3-*"))  # no -wal or -shm beside it
     assert not (tmp_path / "out.jsonl").exists()
+    empty.unlink()  # not a journal: the suite's last test verifies every *.sqlite3 left behind
 
 
 def test_replay_of_an_edited_context_is_a_divergence(cli, scripted, ctx_file):
