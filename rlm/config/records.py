@@ -49,6 +49,7 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             and not Path(named).expanduser().exists():
         raise ConfigError(f"no journal at {named}: check --journal (or RLM_JOURNAL); a run "
                           "creates it")
+    kwargs: dict[str, Any] = {"durability": durability} if durability else {}
     if (must_exist or reads_only) and "://" not in str(named):
         from harness.journal import default_journal_path
         local = Path(named).expanduser() if named is not None else default_journal_path()
@@ -57,12 +58,8 @@ def open_journal(spec: Any = None, must_exist: bool = False, reads_only: bool = 
             # leaves the file as it found it
             raise ConfigError(f"{local} is an empty file, not an rlm journal (it was left as "
                               "it is): check --journal (or RLM_JOURNAL); a run creates one")
-    kwargs: dict[str, Any] = {"durability": durability} if durability else {}
-    if (must_exist or reads_only) and "://" not in str(named):
         # a journal file this process may not write (another user's, a read-only mount) is
         # read through a read-only connection; only a command that writes (resume) then fails
-        from harness.journal import default_journal_path
-        local = Path(named).expanduser() if named is not None else default_journal_path()
         if local.is_file() and not _writable(local):
             kwargs["read_only"] = True
     try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -112,10 +111,11 @@ def journal_record(journal: str | None) -> str | None:
     """How ``sweep.json`` names a sweep's journal: a file as its absolute path, a PostgreSQL
     URL without its password (never written to disk; libpq finds it in ``PGPASSWORD`` or
     ``~/.pgpass``), None as None."""
+    from harness.journal.pg_store import is_postgres_url, redact
     if journal is None:
         return None
-    if "://" in journal:
-        return re.sub(r"^(postgres(?:ql)?://[^:/@]*):[^@]*@", r"\1@", journal)
+    if is_postgres_url(journal):
+        return redact(journal).replace(":***@", "@", 1)
     return str(Path(journal).expanduser().resolve())
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +120,8 @@ def sweep_journal(sweep_dir: Path) -> str:
             # "journal" since sweep.json named it; the grid's own field in older ones
             named = doc.get("journal") or (doc.get("grid") or {}).get("journal")
         except (OSError, ValueError, AttributeError) as exc:
-            print(f"rlm: warning: {doc_path} cannot be read ({type(exc).__name__}: {exc}); "
-                  f"looking for the journal at {sweep_dir / JOURNAL_FILE}", file=sys.stderr)
+            log.warning("%s cannot be read (%s: %s); looking for the journal at %s", doc_path,
+                        type(exc).__name__, exc, sweep_dir / JOURNAL_FILE)
     if named and ("://" in named or Path(named).is_file()):
         return named
     local = sweep_dir / JOURNAL_FILE

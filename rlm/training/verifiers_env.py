@@ -122,7 +122,6 @@ class RLMHarnessConfig(vf.HarnessConfig):
     journal: str | None = None
     sample_factory: str | None = None
 
-
     @field_validator("profile")
     @classmethod
     def _known_profile(cls, value: str) -> str:
@@ -171,7 +170,7 @@ class RLMHarness(vf.Harness[RLMHarnessConfig]):
         where = (data.task, data.length, data.seed, data.index)
         # vf-eval runs up to 128 episodes at once, each with a harness of its own, and each
         # RLM run has kernels: at most `concurrency` of them run in this process
-        async with _slots(max(1, self.config.concurrency)):
+        async with _slots(self.config.concurrency):
             rollout = await asyncio.to_thread(self.environment().rollout, where, policy,
                                               tag=str(trace.id))
         trace.info["rlm"] = rollout.to_dict()
