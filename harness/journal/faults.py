@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 
 from harness.journal.errors import JournalError, JournalUnavailableError
 
-__all__ = ["RETRY_SECONDS", "ENV_VAR", "retry_limit", "retrying", "transient"]
+__all__ = ["RETRY_SECONDS", "ENV_VAR", "retry_limit", "retrying", "transient", "while_busy"]
 
 log = logging.getLogger("harness.journal")
 
@@ -138,6 +138,29 @@ def _retry_after(store: Any, action: str, once: Callable[[], _T], first: Journal
     store._gave_up = False
     _cap_wait(store, None)
     return result
+
+
+def while_busy(statement: Callable[[], _T], seconds: float) -> _T:
+    """``statement()``, run again every 10 ms for up to ``seconds`` while SQLite answers
+    "database is locked" (``sqlite3.OperationalError``, SQLITE_BUSY) at once.
+
+    Some statements get that answer without waiting out the busy timeout: ``PRAGMA
+    journal_mode = WAL`` on a new file while another connection switches it too (seen as 1
+    open in about 150 when 4 threads open one new file together).
+
+    Raises:
+        sqlite3.Error: any other failure, or still busy after ``seconds``.
+    """
+    import sqlite3
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return statement()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code is None or code & 0xFF != 5 or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
 
 
 def _cap_wait(store: Any, seconds: float | None) -> None:

@@ -47,7 +47,7 @@ from typing import Any, Callable, TypeVar
 from harness.journal import schema
 from harness.journal.errors import JournalCorruptError, JournalError
 from harness.journal import file_guard
-from harness.journal.faults import retry_limit, retrying
+from harness.journal.faults import retry_limit, retrying, while_busy
 
 __all__ = ["Store", "SQLiteStore", "default_journal_path", "host_name", "boot_id",
            "DURABILITY", "durability_level"]
@@ -323,7 +323,8 @@ class SQLiteStore(Store):
             conn.execute("COMMIT")
             if not schema.is_fresh(version, app_id, tables):
                 schema.check(self.path, version, app_id, tables)
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = while_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone()[0],
+                              self.busy_timeout)
             if str(mode).lower() != "wal":
                 log.warning("journal %s could not switch to WAL mode (got %r); concurrent "
                             "readers will block writers", self.path, mode)

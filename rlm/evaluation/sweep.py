@@ -410,8 +410,8 @@ class Sweep:
         if self.ray_address:
             from rlm.evaluation.ray_runner import run_on_ray
             return run_on_ray(todo, self.ray_address)
-        # create the journal (file and schema) once, before threads open it at the same time:
-        # a new SQLite file's first opens race on setting it up
+        # open the journal once before any trial: one that cannot be opened stops the sweep
+        # with one error here, not one per trial
         from rlm.config.records import open_journal
         open_journal(self.grid.journal).close()
         return _run_local(todo, self.concurrency, self.make_sample, self.budget)

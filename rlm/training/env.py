@@ -314,11 +314,6 @@ class Environment:
             return rollouts_on_ray(rollout_in_worker, self.settings(), jobs, policy or Policy(),
                                    tag, ray_address)
         jobs = [(s, a) for s in (self.sample(x) for x in samples) for a in range(group)]
-        if len(jobs) > 1 and concurrency > 1:
-            # create the journal once before threads open it together (as a sweep does): a
-            # new SQLite file's first opens race on setting it up
-            from rlm.config.records import open_journal
-            open_journal(self.journal).close()
         with ThreadPoolExecutor(max_workers=concurrency,
                                 thread_name_prefix="rlm-rollout") as pool:
             futures = [pool.submit(self.rollout, s, policy, tag=tag, attempt=a)
