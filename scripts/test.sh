@@ -9,17 +9,17 @@ PY=${PYTHON:-python3}
 PG_BIN=${RLM_PG_BIN:-/usr/lib/postgresql/15/bin}
 if [ ! -x "$PG_BIN/initdb" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql
+    $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql >/dev/null
 fi
 # Every kernel runs in a bubblewrap sandbox by default, and the escape tests need it.
 if ! command -v bwrap >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bubblewrap
+    $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bubblewrap >/dev/null
 fi
 # the `rlm chat` test drives a real terminal through tmux
 if ! command -v tmux >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q tmux
+    $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q tmux >/dev/null
 fi
 if [ ! -x "$PG_BIN/initdb" ]; then
     export RLM_PG_BIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")"

@@ -16,7 +16,7 @@ runuser -u rlm-ci -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME_DIR" s
     set -e
     cd '$COPY'
     '$PY3' -m venv .venv
-    .venv/bin/python -m pip install -q -e . pytest pytest-timeout
+    .venv/bin/python -m pip install -q -e . pytest pytest-timeout 2>pip.err || { cat pip.err >&2; exit 1; }
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel/test_escape.py \
         tests/kernel/test_sandbox_modes.py tests/kernel/test_limits.py tests/kernel/test_tenants.py \
         tests/kernel/test_cgroups.py tests/kernel/test_bridge_limits.py tests/kernel/test_cell_data.py \

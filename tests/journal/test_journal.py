@@ -621,7 +621,7 @@ def _first_open(path, start, errors) -> None:
         errors.put(repr(exc))
 
 
-@pytest.mark.parametrize("kind,rounds", [("threads", 150), ("processes", 40)])
+@pytest.mark.parametrize("kind,rounds", [("threads", 150), ("processes", 30)])
 def test_concurrent_first_open_creates_schema_once(tmp_path, kind, rounds):
     # Openers of one new file at the same moment raced on switching it to WAL, which SQLite
     # refuses at once (no busy wait): "database is locked" in about 1 round in 150 for threads
