@@ -574,9 +574,9 @@ class SQLiteStore(Store):
                 f"exists and is writable, or set RLM_JOURNAL to another path.")
         if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
             return JournalError(
-                f"cannot {action}: journal {path} stayed locked by another connection for more "
-                f"than {self.busy_timeout:g} s ({text}). Another process may be stuck holding it; "
-                f"retry, or stop that process.")
+                f"cannot {action}: journal {path} is locked by another connection ({text}; a "
+                f"statement waits up to {self.busy_timeout:g} s, some are refused at once). "
+                f"Another process may be stuck holding it; retry, or stop that process.")
         if primary == _SQLITE_IOERR:
             return JournalError(
                 f"cannot {action}: I/O error on journal {path} ({text}). Check the disk and the "
