@@ -145,6 +145,20 @@ def sweep_stale_dirs() -> int:
     return remove_dirs_of_gone_hosts("rlm-bridge-", {os.getuid()})
 
 
+#: Bridges of this process not yet closed (:func:`close_all`).
+OPEN: "set[BridgeServer]" = set()
+
+
+def close_all() -> None:
+    """Close every bridge of this process still open, for a process about to exit: a stop
+    signal between a run's set-up steps could leave one its run never held. Never raises."""
+    for bridge in list(OPEN):
+        try:
+            bridge.close()
+        except Exception:  # noqa: BLE001 - the exit goes on
+            pass
+
+
 class BridgeServer:
     """Serves kernel requests on a Unix socket, one thread per admitted connection.
 
@@ -172,6 +186,7 @@ class BridgeServer:
         self._tally = TALLY
         sweep_stale_dirs()
         self._dir = tempfile.mkdtemp(prefix=f"rlm-bridge-{os.getpid()}-")
+        OPEN.add(self)  # until closed: close_all() at the process's exit
         os.chmod(self._dir, 0o700)
         self.path = os.path.join(self._dir, "b.sock")
         self._regs: dict[str, Registration] = {}
@@ -398,6 +413,7 @@ class BridgeServer:
         if self._closed:
             return
         self._closed = True
+        OPEN.discard(self)
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 from kernels import kernel as _kernel  # its START_GATE, read at each use (tests replace it)
 from kernels.bwrap import SandboxSpec
@@ -31,6 +32,7 @@ class Pending:
         self.kernel = kernel or Kernel()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        _PENDING.add(self)
         km = None
         if launch_here and _kernel.START_GATE.enter(wait=False):
             # launch the process on the caller's thread, before its next imports: ~0.15 s
@@ -67,6 +69,9 @@ class Pending:
 
 _head: list[Pending] = []
 _head_lock = threading.Lock()
+# every start and pool of this process, for shut_down_all() at its exit
+_PENDING: "weakref.WeakSet[Pending]" = weakref.WeakSet()
+_POOLS: "weakref.WeakSet[KernelPool]" = weakref.WeakSet()
 
 #: Idle kernels a run keeps ready for its children when it may start any (``max_depth >= 2``).
 DEFAULT_POOL_SIZE = 2
@@ -126,6 +131,35 @@ def take_head_start(sandbox: SandboxSpec | None = None) -> list[Pending]:
     return [h for h in heads if h.kernel.spec == want]
 
 
+def shut_down_all(wait: float = 0.0) -> None:
+    """For a process about to exit: shut down every kernel it started that is still alive or
+    starting (the ones started ahead, adopted or not, and every pool's), then wait up to
+    ``wait`` seconds for their starts to end, so that each removes its directory; and close
+    every bridge still open (:func:`kernels.bridge.close_all`). A stop
+    signal can land between a run's set-up steps (after a pool adopted the kernels started
+    ahead, before the run held the pool), and the exit then cut those starts short and left
+    their directories and, for a moment, their processes. Never raises."""
+    drop_head_start()
+    for head in list(_PENDING):
+        try:
+            head.kernel.shutdown()
+        except Exception:  # noqa: BLE001 - the exit goes on
+            pass
+    for pool in list(_POOLS):
+        try:
+            pool.close()
+        except Exception:  # noqa: BLE001
+            pass
+    deadline = time.monotonic() + wait
+    for head in list(_PENDING):
+        head.done.wait(max(0.0, deadline - time.monotonic()))
+    for t in threading.enumerate():  # the pools' own starts
+        if t.name == "rlm-pool" and t is not threading.current_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
+    from kernels.bridge import close_all
+    close_all()
+
+
 def drop_head_start(wait: float = 0.0) -> None:
     """Shut down the kernels :func:`head_start` started, if nobody took them; a kernel still
     starting stops once it is up. ``wait``: seconds to wait for those starts to end (a shut
@@ -179,6 +213,7 @@ class KernelPool:
         self.started = 0
         self._live: set[Kernel] = set()
         self._reaping: list[threading.Thread] = []  # released kernels' processes being reaped
+        _POOLS.add(self)
         heads = [] if head is None else [head] if isinstance(head, Pending) else list(head)
         for h in heads:
             with self._lock:

@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             _ONE_RUN.append(True)  # one run, then the exit: a stop after its end is moot
-            from kernels.pool import drop_head_start, head_start
+            from kernels.pool import head_start, shut_down_all
 
             from rlm.config.ahead import kernels_ahead, sandbox_of
             try:
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 head_start(kernels_ahead(ahead), sandbox_of(ahead))
                 return _main(argv)
             finally:
-                drop_head_start(wait=3.0)  # the exit is next: let their starts end
+                shut_down_all(wait=3.0)  # the exit is next: let their starts end
         return _main(argv)
     except KeyboardInterrupt:  # before the command's own handler (start-up, imports)
         return _interrupted()
