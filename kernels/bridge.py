@@ -149,10 +149,11 @@ def sweep_stale_dirs() -> int:
 OPEN: "set[BridgeServer]" = set()
 
 
-def close_all() -> None:
-    """Close every bridge of this process still open, for a process about to exit: a stop
-    signal between a run's set-up steps could leave one its run never held. Never raises."""
-    for bridge in list(OPEN):
+def close_all(skip: "set[BridgeServer] | frozenset" = frozenset()) -> None:
+    """Close every bridge of this process still open but those in ``skip``, for a command
+    about to exit: a stop signal between a run's set-up steps could leave one its run never
+    held. Never raises."""
+    for bridge in [b for b in list(OPEN) if b not in skip]:
         try:
             bridge.close()
         except Exception:  # noqa: BLE001 - the exit goes on

@@ -131,33 +131,46 @@ def take_head_start(sandbox: SandboxSpec | None = None) -> list[Pending]:
     return [h for h in heads if h.kernel.spec == want]
 
 
-def shut_down_all(wait: float = 0.0) -> None:
-    """For a process about to exit: shut down every kernel it started that is still alive or
-    starting (the ones started ahead, adopted or not, and every pool's), then wait up to
-    ``wait`` seconds for their starts to end, so that each removes its directory; and close
-    every bridge still open (:func:`kernels.bridge.close_all`). A stop
-    signal can land between a run's set-up steps (after a pool adopted the kernels started
-    ahead, before the run held the pool), and the exit then cut those starts short and left
-    their directories and, for a moment, their processes. Never raises."""
+def held() -> tuple:
+    """What this process holds now: its starts, its pools and its open bridges (a tuple of
+    sets), for :func:`shut_down_all`'s ``since``."""
+    from kernels.bridge import OPEN
+    return set(_PENDING), set(_POOLS), set(OPEN)
+
+
+def shut_down_all(wait: float = 0.0, since: tuple | None = None) -> None:
+    """For a command about to exit: shut down every kernel this process started that is still
+    alive or starting (the ones started ahead, adopted or not, and every pool's), wait up to
+    ``wait`` seconds for their starts to end, so that each removes its directory, and close
+    every bridge still open. ``since``: what :func:`held` returned when the command began;
+    what was held then is left alone (a caller's own pools, when the CLI runs in-process).
+
+    A stop signal can land between a run's set-up steps (after a pool adopted the kernels
+    started ahead, before the run held the pool); the exit then cut those starts short and
+    left their directories and, for a moment, their processes. Never raises."""
+    old_heads, old_pools, old_bridges = since or (set(), set(), set())
     drop_head_start()
-    for head in list(_PENDING):
+    heads = [h for h in list(_PENDING) if h not in old_heads]
+    for head in heads:
         try:
             head.kernel.shutdown()
         except Exception:  # noqa: BLE001 - the exit goes on
             pass
-    for pool in list(_POOLS):
+    pools = [p for p in list(_POOLS) if p not in old_pools]
+    for pool in pools:
         try:
             pool.close()
         except Exception:  # noqa: BLE001
             pass
     deadline = time.monotonic() + wait
-    for head in list(_PENDING):
+    for head in heads:
         head.done.wait(max(0.0, deadline - time.monotonic()))
-    for t in threading.enumerate():  # the pools' own starts
-        if t.name == "rlm-pool" and t is not threading.current_thread():
-            t.join(max(0.0, deadline - time.monotonic()))
+    for pool in pools:  # the pools' own starts
+        with pool._cv:
+            pool._cv.wait_for(lambda: pool._starting <= 0,
+                              max(0.0, deadline - time.monotonic()))
     from kernels.bridge import close_all
-    close_all()
+    close_all(skip=old_bridges)
 
 
 def drop_head_start(wait: float = 0.0) -> None:

@@ -482,15 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         _install_signal_handlers()
         if argv[:1] in (["run"], ["replay"], ["resume"]) and not {"-h", "--help"} & set(argv):
             _ONE_RUN.append(True)  # one run, then the exit: a stop after its end is moot
-            from kernels.pool import head_start, shut_down_all
+            from kernels.pool import head_start, held, shut_down_all
 
             from rlm.config.ahead import kernels_ahead, sandbox_of
+            before = held()  # a caller's own kernels, when run in-process, stay
             try:
                 ahead = _depth_flags(argv)
                 head_start(kernels_ahead(ahead), sandbox_of(ahead))
                 return _main(argv)
             finally:
-                shut_down_all(wait=3.0)  # the exit is next: let their starts end
+                shut_down_all(wait=3.0, since=before)  # the exit is next: let starts end
         return _main(argv)
     except KeyboardInterrupt:  # before the command's own handler (start-up, imports)
         return _interrupted()
