@@ -525,6 +525,8 @@ def entry() -> None:
     """
     import atexit
     import threading
+    if not os.environ.get("RLM_DEBUG"):  # a destructor's ignored error (an event loop of a
+        sys.unraisablehook = lambda _: None  # kernel start cut short) is no user's traceback
     code = main()
     for sig in _STOP_SIGNALS:  # done: a late signal must not end the exit
         signal.signal(sig, signal.SIG_IGN)
