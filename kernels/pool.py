@@ -134,8 +134,9 @@ def take_head_start(sandbox: SandboxSpec | None = None) -> list[Pending]:
 def held() -> tuple:
     """What this process holds now: its starts, its pools and its open bridges (a tuple of
     sets), for :func:`shut_down_all`'s ``since``."""
-    from kernels.bridge import OPEN
-    return set(_PENDING), set(_POOLS), set(OPEN)
+    import sys  # no bridge module imported yet (a command's start): none open, none to import
+    bridge = sys.modules.get("kernels.bridge")
+    return set(_PENDING), set(_POOLS), set(bridge.OPEN if bridge is not None else ())
 
 
 def shut_down_all(wait: float = 0.0, since: tuple | None = None) -> None:
